@@ -452,3 +452,66 @@ def test_a_new_training_under_a_reported_name_drops_that_names_earlier_report_co
     hook.after_dataset_saved("report_markdown", None, None)
     hook.after_dataset_saved("train_summary", None, None)
     assert (earlier / "report.md").read_text(encoding="utf-8") == "4 steps"
+
+
+def test_a_history_that_ends_before_the_summarys_last_step_is_refused_before_any_node_runs():
+    """A train_history.csv that is not the summary's training's (it ends at step 1 of the summary's 4: cut
+    short by a copy, or another training's) is refused before any node runs
+    (``hooks.inputs.ReportOfOneTrainingHook``), the step it ends at named. Was: refused at
+    summarize_training, after evaluate_model, generate_on_references and plot_training had rewritten
+    error_pairs.csv, worst_samples.csv, sample_generations.csv, reference_predictions.csv and the plots (drawn
+    from that history)."""
+    from kedro.io import DataCatalog, MemoryDataset
+
+    from fastlm.errors import StaleDataError
+    from fastlm.hooks.inputs import ReportOfOneTrainingHook
+    from fastlm.pipelines.report.pipeline import create_pipeline
+
+    summary = {"steps": 4, "run_name": "pr1", "training_id": "a" * 32}
+    cut = pd.DataFrame({"step": [1], "loss": [3.0], "step_time_s": [0.1]})
+    catalog = DataCatalog({"train_summary": MemoryDataset(summary), "train_history": MemoryDataset(cut)})
+    hook = ReportOfOneTrainingHook()
+    with pytest.raises(StaleDataError) as refused:
+        hook.before_pipeline_run({}, create_pipeline(), catalog)
+    message = str(refused.value)
+    assert "train_history" in message and "ends at step 1" in message and "(pr1, 4 steps)" in message
+    assert "cut short" in message and "\n" not in message
+    whole = pd.DataFrame({"step": [1, 4], "loss": [3.0, 2.0], "step_time_s": [0.1, 0.1]})
+    catalog["train_history"] = MemoryDataset(whole)
+    hook.before_pipeline_run({}, create_pipeline(), catalog)
+    # a slice that does not read the history, or a run that trains (writes the summary), is not checked here
+    catalog["train_history"] = MemoryDataset(cut)
+    hook.before_pipeline_run({}, create_pipeline().filter(node_names=["evaluate_model"]), catalog)
+
+
+def test_a_model_folder_of_another_training_than_the_summarys_is_refused_before_any_node_runs(tmp_path):
+    """A training stopped between saving its model and its summary (the train node's outputs are saved one by
+    one) leaves the new model beside the earlier training's summary and, at the same train.max_steps, a
+    history of as many steps. The model folder's ``training_data.json`` names its training: refused before
+    any node runs. Was: refused at collect_test_metrics, after evaluate_model and generate_on_references had
+    rewritten their files from the other training's model."""
+    from kedro.io import DataCatalog, MemoryDataset
+    from kedro_datasets.json import JSONDataset
+
+    from fastlm.errors import StaleDataError
+    from fastlm.hooks.inputs import ReportOfOneTrainingHook
+    from fastlm.pipelines.report.pipeline import create_pipeline
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "training_data.json").write_text(json.dumps({"training_id": "b" * 32}), encoding="utf-8")
+    summary = {"steps": 4, "run_name": "pr1", "training_id": "a" * 32}
+    history = pd.DataFrame({"step": [1, 4], "loss": [3.0, 2.0], "step_time_s": [0.1, 0.1]})
+    catalog = DataCatalog(
+        {
+            "train_summary": MemoryDataset(summary),
+            "train_history": MemoryDataset(history),
+            "trained_model": JSONDataset(filepath=str(model)),  # a local folder, as the model's dataset
+        }
+    )
+    hook = ReportOfOneTrainingHook()
+    with pytest.raises(StaleDataError, match="another training") as refused:
+        hook.before_pipeline_run({}, create_pipeline(), catalog)
+    assert "model" in str(refused.value) and "(pr1, 4 steps)" in str(refused.value)
+    (model / "training_data.json").write_text(json.dumps({"training_id": "a" * 32}), encoding="utf-8")
+    hook.before_pipeline_run({}, create_pipeline(), catalog)

@@ -224,16 +224,70 @@ def _interrupted_training(name: str, catalog) -> Path | None:
     return folder if folder.is_dir() and any(folder.glob("checkpoint-*")) else None
 
 
+def _check_history(pipeline, catalog) -> None:
+    """A run that reads ``train_history`` beside the ``train_summary`` it does not write (the report's
+    ``summarize_training``): the history refused before any node runs where it is not the summary's
+    training's (``summaries.check_one_training``: its last step is not the summary's), as that node would
+    refuse it after the report's other nodes had rewritten their files."""
+    needed = {"train_summary", "train_history"}
+    if not needed <= set(pipeline.inputs()) or "train_summary" in pipeline.all_outputs():
+        return
+    try:
+        if not all(name in catalog and catalog.exists(name) for name in needed):
+            return
+        summary, history = catalog.load("train_summary"), catalog.load("train_history")
+    except Exception:  # noqa: BLE001 - a damaged or missing file: MissingInputsHook and the nodes say so
+        return
+    if not isinstance(summary, dict) or not hasattr(history, "columns"):
+        return  # not a summary or a table: the nodes say what it is
+    from fastlm.reporting.summaries import check_one_training
+
+    path = local_path(catalog, "train_history")
+    shown = "train_history" + (f" ({path.as_posix()})" if path is not None else "")
+    check_one_training(summary, history=history, what=f"the history {shown}")
+
+
+def _check_model(pipeline, catalog) -> None:
+    """A run that reads the trained model beside the ``train_summary`` it does not write (the report): the
+    model folder refused before any node runs where its ``training_data.json`` names another training than
+    the summary (a training stopped between saving its model and its summary), as ``collect_test_metrics``
+    would refuse its figures after the report's other nodes had rewritten their files. A folder without the
+    record is not checked."""
+    needed = {"train_summary", "trained_model"}
+    if not needed <= set(pipeline.inputs()) or "train_summary" in pipeline.all_outputs():
+        return
+    model = local_path(catalog, "trained_model")
+    if model is None:
+        return
+    from fastlm.datasets.atomic_folder import recover_folder
+    from fastlm.datasets.pretrained_model import TRAINING_DATA
+
+    try:
+        recover_folder(model)  # a save killed between the two renames of its swap
+        trained = json.loads((model / TRAINING_DATA).read_text(encoding="utf-8")).get("training_id")
+        summary = catalog.load("train_summary") if catalog.exists("train_summary") else None
+    except Exception:  # noqa: BLE001 - no record, or a file the nodes explain when they read it
+        return
+    if not isinstance(summary, dict) or not isinstance(trained, str):
+        return
+    from fastlm.reporting.summaries import check_one_training
+
+    check_one_training(summary, training_id=trained, what=f"the model folder {model.as_posix()}")
+
+
 class ReportOfOneTrainingHook:
     """A run that writes the report but not all the files it reads of one training (``kedro run
     --pipeline=report --nodes ...`` without ``summarize_training`` or ``compare_training_runs``) is refused
     before any node runs when one of those it does not write again was written for another training than
     ``train_summary.json``'s, as ``write_report`` would refuse it once the slice's other nodes had rewritten
-    their files and an MLflow run was opened."""
+    their files and an MLflow run was opened. Any run reading the summary without writing it: its training
+    history and model folder are checked so too (``_check_history``, ``_check_model``)."""
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         outputs = pipeline.all_outputs()
+        _check_history(pipeline, catalog)
+        _check_model(pipeline, catalog)
         if "report_html" not in outputs or "train_summary" in outputs or "train_summary" not in catalog:
             return
         given = (run_params.get("runtime_params") or {}).get("run_name")

@@ -44,16 +44,28 @@ def check_one_training(summary: dict, *, training_id: str | None = None, history
     fastlm) is not compared."""
     ours = summary.get(TRAINING_ID)
     other = training_id is not None and ours is not None and training_id != ours
-    if history is not None and "step" in history and len(history):
-        other = other or int(history["step"].max()) != summary.get("steps")
+    name = summary.get("run_name") or "an unnamed run"
+    steps = pd.to_numeric(history["step"], errors="coerce").dropna() if _has_steps(history) else None
+    if steps is not None and len(steps) and int(steps.max()) != summary.get("steps"):
+        raise StaleDataError(
+            f"the report read {what}, which ends at step {int(steps.max())}, not the training summary's "
+            f"({name}, {summary.get('steps')} steps): another training's, one that finished while the report "
+            "ran, or a history cut short (copied in part).",
+            fix="run `kedro run --pipeline=report` again, whole, when no training is writing its outputs; if "
+            "it is refused again, train again (`kedro run --pipeline=train`) to write the history and the "
+            "summary together.",
+        )
     if other:
-        name = summary.get("run_name") or "an unnamed run"
         raise StaleDataError(
             f"the report read {what} of another training than the training summary's ({name}, "
             f"{summary.get('steps')} steps): a training finished while the report ran, or the report ran in "
             "part after another training.",
             fix="run `kedro run --pipeline=report` again, whole, when no training is writing its outputs.",
         )
+
+
+def _has_steps(history: pd.DataFrame | None) -> bool:
+    return history is not None and "step" in history and len(history) > 0
 
 
 def check_report_sources(
