@@ -67,3 +67,45 @@ def test_the_report_logs_no_attention_choice_it_does_not_evaluate_on(caplog):
         attn = report_attention(model, params, 4096, torch.device("cuda"))
     assert attn == "sdpa"
     assert [r.getMessage() for r in caplog.records if "attention auto" in r.getMessage()] == []
+
+
+@pytest.mark.parametrize(
+    ("split", "checked"),
+    [({"prompt_column": "dialogue", "response_column": "summary"}, True), ({}, False)],
+    ids=["prompt_response", "plain_text"],
+)
+def test_reference_generations_that_leave_no_room_are_refused_before_the_first_report_file(
+    monkeypatch, split, checked
+):
+    """``report.references.max_new_tokens`` at or past the model's positions: refused in evaluate_model,
+    the report's first node, before its evaluation (and before its files are written). Was: refused in
+    generate_on_references, after evaluate_model had rewritten error_pairs.csv, worst_samples.csv and
+    sample_generations.csv. Plain-text data, which generates on no references, is not refused for it."""
+    from fastlm.errors import ConfigError
+    from fastlm.parameters import parse_group
+    from fastlm.reporting import evaluation_run
+
+    config = LlamaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=32,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    evaluated = []
+
+    def evaluate(*args, **kwargs):
+        evaluated.append(True)
+        raise RuntimeError("evaluated")
+
+    monkeypatch.setattr(evaluation_run, "evaluate_on_test", evaluate)
+    report = parse_group("report", {"max_new_tokens": 4, "references": {"max_new_tokens": 40}})
+    settings = (parse_train_params({}), parse_group("split", {"max_length": 32, **split}), None)
+    with pytest.raises(ConfigError if checked else RuntimeError) as refused:
+        evaluation_run.evaluate_test_split(
+            {"model": LlamaForCausalLM(config), "tokenizer": None},
+            {"test": [0]},
+            {},
+            settings=settings,
+            report=report,
+            fingerprint_source="fingerprint.json",
+        )
+    if checked:
+        assert "report.references.max_new_tokens = 40" in str(refused.value) and not evaluated

@@ -111,6 +111,7 @@ def evaluate_test_split(
         )
     max_length = split.max_length
     check_top_k(report.top_k, model.config.get_text_config().vocab_size)
+    check_reference_room(model, report.references, split)  # generate_on_references' check, before any file
     result = evaluate_on_test(
         model,
         tokenizer,
@@ -162,6 +163,24 @@ def evaluate_test_split(
         metrics["test_split_samples"] = len(tokenized["test"])
         metrics["eval_max_batches"] = report.eval_max_batches
     return metrics, result.wrong_pairs, result.worst_samples, generations
+
+
+def check_reference_room(model, references: ReferenceParams, split: SplitParams) -> None:
+    """One line where ``report.references.max_new_tokens`` leaves no room in the model's positions (a
+    decoder-only model's prompt beside it; an encoder-decoder's decoder rows) on data the report generates
+    on references of (prompt/response, chats; not ``enabled: false``): the check ``generate_on_references``
+    makes, made by the report's first node too, before it evaluates and writes its files."""
+    if references.enabled is False or split.data_format not in ("prompt_response", "messages"):
+        return
+    from fastlm.reporting.predict_inputs import input_limit
+
+    input_limit(
+        model,
+        max_new_tokens=references.max_new_tokens,
+        max_input_tokens=None,
+        trained_length=split.max_length,
+        parameter="report.references.max_new_tokens",
+    )
 
 
 def no_reference_predictions() -> pd.DataFrame:
