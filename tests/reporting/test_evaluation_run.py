@@ -109,3 +109,32 @@ def test_reference_generations_that_leave_no_room_are_refused_before_the_first_r
         )
     if checked:
         assert "report.references.max_new_tokens = 40" in str(refused.value) and not evaluated
+
+
+def test_references_required_of_plain_text_data_are_refused_before_the_first_report_file(monkeypatch):
+    """``report.references.enabled: true`` on data without prompt/response columns (plain text,
+    pre-tokenized ids): refused in evaluate_model, before its evaluation and files. Was: refused in
+    generate_on_references, after evaluate_model had rewritten error_pairs.csv, worst_samples.csv and
+    sample_generations.csv."""
+    from fastlm.errors import InputDataError
+    from fastlm.parameters import parse_group
+    from fastlm.reporting import evaluation_run
+
+    config = LlamaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=32,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    monkeypatch.setattr(evaluation_run, "evaluate_on_test", lambda *a, **k: pytest.fail("evaluated"))
+    report = parse_group("report", {"references": {"enabled": True, "max_new_tokens": 4}})
+    settings = (parse_train_params({}), parse_group("split", {"max_length": 32}), None)
+    with pytest.raises(InputDataError) as refused:
+        evaluation_run.evaluate_test_split(
+            {"model": LlamaForCausalLM(config), "tokenizer": None},
+            {"test": [0]},
+            {},
+            settings=settings,
+            report=report,
+            fingerprint_source="fingerprint.json",
+        )
+    message = str(refused.value)
+    assert "report.references.enabled is true" in message and "plain text" in message and "\n" not in message

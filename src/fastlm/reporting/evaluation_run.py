@@ -169,8 +169,19 @@ def check_reference_room(model, references: ReferenceParams, split: SplitParams)
     """One line where ``report.references.max_new_tokens`` leaves no room in the model's positions (a
     decoder-only model's prompt beside it; an encoder-decoder's decoder rows) on data the report generates
     on references of (prompt/response, chats; not ``enabled: false``): the check ``generate_on_references``
-    makes, made by the report's first node too, before it evaluates and writes its files."""
-    if references.enabled is False or split.data_format not in ("prompt_response", "messages"):
+    makes, made by the report's first node too, before it evaluates and writes its files; and where
+    ``enabled: true`` asks for references of data that has none (plain text, pre-tokenized ids:
+    ``pairs_to_score``'s refusal)."""
+    paired = split.data_format in ("prompt_response", "messages")
+    if references.enabled is True and not paired:
+        what = "plain text" if split.data_format == "text" else "pre-tokenized ids"
+        raise InputDataError(
+            f"report.references.enabled is true but the data is {what}: its splits have no prompt/response "
+            "columns to generate on and score.",
+            fix="split prompt/response data (split.prompt_column and split.response_column) or set "
+            "report.references.enabled: auto.",
+        )
+    if references.enabled is False or not paired:
         return
     from fastlm.reporting.predict_inputs import input_limit
 
