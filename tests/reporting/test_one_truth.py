@@ -400,3 +400,16 @@ def test_wrong_predictions_of_byte_pieces_that_decode_to_no_character_are_told_a
     assert table["target"].tolist() == ["� (id 121)", "␣� (id 260)", "␣the"]
     assert table["predicted"].tolist() == [".", ".", "."]
     assert table["count"].tolist() == [7, 6, 5]
+
+
+def test_run_comparison_start_times_say_their_time_zone():
+    """MLflow gives each run's start as a UTC time: the comparison's start_time says UTC, where the log lines
+    beside it are in the machine's local time (a run started at 21:17 in Seoul was shown as 12:17)."""
+    table = compare_runs(runs_frame(SPEED), current_run_id="a" * 32)
+    assert table["start_time"].tolist() == [
+        "2026-01-02 10:00 UTC",
+        "2026-01-01 10:00 UTC",
+        "2025-12-31 10:00 UTC",
+    ]
+    seoul = runs_frame(SPEED).assign(start_time=lambda f: f["start_time"].dt.tz_convert("Asia/Seoul"))
+    assert compare_runs(seoul, current_run_id="a" * 32)["start_time"].iloc[0] == "2026-01-02 10:00 UTC"

@@ -103,7 +103,7 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
             "this run": ["◀" if run_id == current_run_id else "" for run_id in runs["run_id"]],
             "run_id": runs["run_id"].str.slice(0, 8),
             "run_name": runs.get("tags.mlflow.runName"),
-            "start_time": runs["start_time"].dt.strftime("%Y-%m-%d %H:%M") if "start_time" in runs else None,
+            "start_time": _start_times(runs["start_time"]) if "start_time" in runs else None,
             "real_tokens_per_s": runs["_speed"],
             # the summary's (a run entered again with nothing to train logs no train/loss), else the last
             "final_train_loss": _first_present(runs, FINAL_TRAIN_LOSS, TRAIN_LOSS),
@@ -129,6 +129,14 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     if data is not None:
         table.insert(table.columns.get_loc("real_tokens_per_s"), "data", data.to_numpy())
     return table.reset_index(drop=True)
+
+
+def _start_times(starts: pd.Series) -> pd.Series:
+    """Each run's start as text: in UTC, said (MLflow's times are UTC; the log lines beside the report are in
+    the machine's local time); a time without a zone as it is."""
+    if getattr(starts.dt, "tz", None) is None:
+        return starts.dt.strftime("%Y-%m-%d %H:%M")
+    return starts.dt.tz_convert("UTC").dt.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _newest_with(runs: pd.DataFrame, limit: int, current_run_id: str | None) -> pd.DataFrame:
