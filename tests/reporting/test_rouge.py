@@ -109,6 +109,14 @@ def test_a_word_keeps_its_vowel_signs_and_other_combining_marks():
     assert rouge_scores(["हन्द"], ["हिन्दी"], "auto")[1]["rouge1"] == 0.0
 
 
+def test_han_characters_past_the_basic_plane_are_one_token_each_as_the_others():
+    """Han characters of CJK Extension B and later (U+20000 on: Cantonese 𠮶, 𨋢, rare names' characters)
+    are one token each, as the basic plane's are. Was: a run of them was one word, so 𠮶𨋢 and 𨋢𠮶 shared no
+    token."""
+    assert tokenize("佢哋𠮶𨋢 字", "unicode") == ["佢", "哋", "𠮶", "𨋢", "字"]
+    assert rouge_scores(["𨋢𠮶"], ["𠮶𨋢"], "unicode")[1]["rouge1"] == pytest.approx(1.0)
+
+
 def test_syllables_credit_the_same_word_with_another_particle():
     word = rouge_scores(["배송은 빨라요"], ["배송이 빨라요"], "unicode")[1]
     syllable = rouge_scores(["배송은 빨라요"], ["배송이 빨라요"], "syllable")[1]

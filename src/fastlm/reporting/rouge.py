@@ -82,8 +82,11 @@ def _word() -> re.Pattern:
     return re.compile(rf"[^\W_](?:[^\W_]|[{_marks()}])*")
 
 
-# Scripts written without spaces between words: one token per character.
-_PER_CHARACTER = re.compile(r"([\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff])")
+# Scripts written without spaces between words: one token per character (Hiragana, Katakana, Han: the
+# unified ideographs, Extension A, the compatibility ideographs, and Extension B on past the basic plane).
+_PER_CHARACTER = re.compile(
+    r"([\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U000323af])"
+)
 _HANGUL_SYLLABLE = re.compile(r"([\uac00-\ud7a3])")
 _NON_ASCII_LETTER = re.compile(r"[^\W_\x00-\x7f]")  # a letter or digit that rouge-score's tokenizer drops
 
