@@ -516,7 +516,10 @@ def _small_bart(tokenizer, **config):
 
 
 def test_an_encoder_decoder_model_predicts_each_row_as_it_does_alone(bpe_tokenizer):
-
+    """Each row's greedy ``max_new_tokens`` tokens, as ``model.generate`` gives them alone. The token BART
+    forces at the last position (``forced_eos_token_id``, BartConfig's default 2, here no end id of the
+    tokenizer's) is generated after them and is no part of the prediction. Was: it took the last token's
+    place, its text ('"') ending every prediction the limit cut."""
     torch.manual_seed(0)
     model = _small_bart(bpe_tokenizer, init_std=0.2).eval()
     texts = pd.DataFrame(
@@ -540,10 +543,17 @@ def test_an_encoder_decoder_model_predicts_each_row_as_it_does_alone(bpe_tokeniz
     for ids in rows["ids"]:
         ids = torch.tensor([ids])
         out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, num_beams=1
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=6,
+            do_sample=False,
+            num_beams=1,
+            forced_eos_token_id=None,  # greedy's own 6 tokens
         )
         alone.append(bpe_tokenizer.decode(out[0, 1:], skip_special_tokens=True).strip())
+    assert model.generation_config.forced_eos_token_id == 2 != bpe_tokenizer.eos_token_id
     assert table["prediction"].tolist() == alone and (table["new_tokens"] > 0).any()
+    assert not any(text.endswith(bpe_tokenizer.decode([2])) for text in alone)
 
 
 def test_an_encoder_decoder_asked_more_new_tokens_than_its_decoder_positions_is_refused(
