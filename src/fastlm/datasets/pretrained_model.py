@@ -120,7 +120,7 @@ class PretrainedModelDataset(AbstractDataset):
             if hasattr(data["model"], "peft_config"):  # a LoRA adapter, and the base weights it is for
                 from fastlm.engine.model.adapter_folder import save_adapter, write_base_digest
 
-                save_adapter(data["model"], folder)
+                save_adapter(data["model"], folder, shown=self._filepath)
                 write_base_digest(data["model"], folder)
             else:
                 with for_inference(data["model"], data["tokenizer"]):

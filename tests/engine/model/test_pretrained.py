@@ -527,6 +527,7 @@ def test_an_adapter_over_a_grown_embedding_says_at_its_save_how_it_loads(bpe_tok
     adapter over an embedding of the base's size says nothing of it."""
     import logging
 
+    from fastlm.datasets.pretrained_model import PretrainedModelDataset
     from fastlm.engine.model.adapter_folder import save_adapter
 
     folder = tmp_path / "base"
@@ -534,10 +535,12 @@ def test_an_adapter_over_a_grown_embedding_says_at_its_save_how_it_loads(bpe_tok
     bpe_tokenizer.save_pretrained(folder)
     lora = {"enabled": True, "r": 2, "modules_to_save": ["embed_tokens", "lm_head"]}
     model = _build(folder, bpe_tokenizer, resize_embeddings=True, lora=lora)
-    with caplog.at_level(logging.WARNING, logger="fastlm"):
-        save_adapter(model, tmp_path / "adapter")
+    with caplog.at_level(logging.WARNING, logger="fastlm"):  # as the train pipeline saves it: atomically
+        PretrainedModelDataset(str(tmp_path / "adapter")).save({"model": model, "tokenizer": bpe_tokenizer})
     said = [record.getMessage() for record in caplog.records if "size mismatch" in record.getMessage()]
     assert len(said) == 1, [record.getMessage() for record in caplog.records]
+    # the folder it is in once saved, never the temporary one it is written into
+    assert f"The adapter in {tmp_path / 'adapter'} trained" in said[0] and ".tmp-" not in said[0], said
     assert f"from {len(bpe_tokenizer) - 8} to {len(bpe_tokenizer)} tokens" in said[0], said
     assert "merge-adapter --adapter" in said[0] and "resize_token_embeddings" in said[0], said
     caplog.clear()

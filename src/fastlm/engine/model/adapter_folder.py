@@ -145,17 +145,18 @@ def _rebuild_generation_config(model, folder: str | Path) -> None:
         )
 
 
-def save_adapter(peft_model, folder: str | Path) -> None:
+def save_adapter(peft_model, folder: str | Path, *, shown: str | Path | None = None) -> None:
     """``save_pretrained`` the adapter into ``folder``; a PiSSA or OLoRA adapter as its trained difference,
     a plain LoRA of rank 2 r for the unchanged base (peft's conversion: ``W_res + s B A = W + s [B | -B0]
     [A ; A0]``, alpha doubled, or times sqrt(2) when rank-stabilized), its other trained weights as they
-    are."""
+    are. ``shown``: the folder its messages name (where it lies once saved: ``folder`` may be the temporary
+    one an atomic save writes into)."""
     from safetensors.torch import load_file, save_file
 
     folder = Path(folder)
     peft_model.save_pretrained(str(folder), safe_serialization=True)
     save_generation_config(peft_model, folder)
-    _say_grown_embedding(peft_model, folder)
+    _say_grown_embedding(peft_model, Path(shown) if shown is not None else folder)
     initial = initial_adapters(peft_model)
     if initial is None:
         return
