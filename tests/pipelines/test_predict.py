@@ -1532,3 +1532,15 @@ def test_a_model_not_trained_on_chats_asked_chats_says_it_never_saw_them(project
     assert len(warned) == 1 and "never trained on chat" in warned[0], warned
     expected = "predict.prompt_column" if trained_on == "prompt_response" else "predict.text_column"
     assert expected in warned[0], warned
+
+
+def test_the_summary_names_the_dtype_the_models_weights_generate_in(project):
+    """A model folder saved in bf16 (``merge-adapter --dtype bfloat16``), predicted with
+    ``train.runtime.precision: fp32``: autocast is off, and the weights compute in bf16; the summary says
+    both. Was: ``"precision": "fp32"`` alone, as though generation ran in fp32."""
+    folder = project / "data/06_models/model"
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    _run(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue", max_new_tokens=2)
+    summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
+    assert summary["precision"] == "fp32" and summary["weights_dtype"] == "bfloat16", summary

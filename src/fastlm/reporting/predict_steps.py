@@ -459,3 +459,10 @@ def call_reader(chat, tokenizer, rows: pd.DataFrame):
     from fastlm.corpus.call_reader import CallReader
 
     return CallReader.of(tokenizer, chat.variables)
+
+
+def weights_dtype(model) -> str | None:
+    """The dtype of ``model``'s weights (``bfloat16``, ``float32``): a bf16 folder generates in bf16 whatever
+    autocast's precision says (fp32: autocast off)."""
+    dtype = getattr(model, "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else None

@@ -94,7 +94,8 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
             "model": trained["source"],
             **trained.get("training", {}),  # which training made it: the folder is replaced by each one
             "device": str(runtime.device),
-            "precision": runtime.precision,
+            "precision": runtime.precision,  # autocast's
+            "weights_dtype": steps.weights_dtype(model),  # what the weights compute in where autocast is off
             "input_limit": limit,
             "input_limit_source": steps.predict_input_limit_source(model, params, trained, limit),
         },
