@@ -577,6 +577,18 @@ def test_the_summary_says_where_the_tools_came_from_and_warns_of_tool_chats_aske
     assert without == {"tools_column": None, "rows_with_tools": 0}
     said = [record.getMessage() for record in seen.buffer if record.levelno == logging.WARNING]
     assert len(said) == 1 and "'tools'" in said[0] and "without tools" in said[0]
+    assert said[0].startswith("predict: 1 chat(s) of column"), said
+    # a refused chat (too long, empty) is asked neither way: not counted among those asked without tools
+    seen.buffer.clear()
+    refused = predict_steps.tools_record(
+        pd.DataFrame({"messages": [*chats, tool_chat("부산")[:3]]}),
+        ChatFormat(),
+        "messages",
+        asked=[True, True, False],
+    )
+    assert refused == {"tools_column": None, "rows_with_tools": 0}
+    said = [record.getMessage() for record in seen.buffer if record.levelno == logging.WARNING]
+    assert len(said) == 1 and said[0].startswith("predict: 1 chat(s) of column"), said
 
 
 def test_a_call_keeps_its_markup_and_is_read_into_tool_calls():

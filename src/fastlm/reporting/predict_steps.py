@@ -59,17 +59,23 @@ def chat_record(chat, tokenizer, user_turn: bool) -> dict:
     return {"chat_template_sha256": None, "messages_prompt_template": chat.prompt_template, **system}
 
 
-def tools_record(table: pd.DataFrame, chat, column: str) -> dict:
+def tools_record(table: pd.DataFrame, chat, column: str, asked=None) -> dict:
     """Where the chats' tools came from, for the summary: the column (the training's ``split.tools_column``)
     where the input has it, else None, and the rows it gives tools. Chats in ``column`` that call tools or
     hold a tool's result, asked from an input without that column, are asked without any tools: said in
-    one warning (not for a model trained with ``split.tools_column: null``, which reads no tools)."""
+    one warning (not for a model trained with ``split.tools_column: null``, which reads no tools).
+    ``asked``: which rows of ``table`` are asked (None: all): a refused chat is not counted."""
     name = chat.tools_column
     if name is not None and name in table.columns:
         given = parse_tools(table[name], f"the tools column {name!r}")
         return {"tools_column": name, "rows_with_tools": sum(tools is not None for tools in given)}
     chats = role_content_chats(table[column], f"predict.messages_column ({column!r})")[0]  # ShareGPT's too
-    calling = sum(_calls_tools(turns) for turns in chats) if name is not None else 0
+    kept = [True] * len(table) if asked is None else [bool(flag) for flag in asked]
+    calling = (
+        sum(_calls_tools(turns) for turns, used in zip(chats, kept, strict=True) if used)
+        if name is not None
+        else 0
+    )
     if calling:
         log.warning(
             "predict: %d chat(s) of column %r call tools or hold a tool's result, but the input has no"

@@ -84,7 +84,11 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
             if vocabulary is not None
             else parameter.removeprefix("predict.").removesuffix("_column"),
             **(steps.chat_record(chat, trained["tokenizer"], user_turn) if chat is not None else {}),
-            **(steps.tools_record(table, chat, column) if parameter == MESSAGES else {}),
+            **(
+                steps.tools_record(table, chat, column, rows["refused"].isna())
+                if parameter == MESSAGES
+                else {}
+            ),
             **(
                 steps.system_turn_record(table, chat, column, asked=rows["refused"].isna())
                 if parameter == MESSAGES
