@@ -515,3 +515,26 @@ def test_a_model_folder_of_another_training_than_the_summarys_is_refused_before_
     assert "model" in str(refused.value) and "(pr1, 4 steps)" in str(refused.value)
     (model / "training_data.json").write_text(json.dumps({"training_id": "a" * 32}), encoding="utf-8")
     hook.before_pipeline_run({}, create_pipeline(), catalog)
+
+
+def test_a_history_whose_steps_are_not_step_numbers_is_refused_in_one_line():
+    """Two histories joined with ``cat`` (the second header a row of the first: step "step"), or a step cell
+    edited into text: refused in one line naming the file, the row and the value, before any node runs and
+    in summarize_training. Was: ValueError: invalid literal for int() with base 10, a traceback."""
+    from kedro.io import DataCatalog, MemoryDataset
+
+    from fastlm.hooks.inputs import ReportOfOneTrainingHook
+    from fastlm.pipelines.report.pipeline import create_pipeline
+
+    joined = pd.DataFrame(
+        {"step": ["1", "4", "step", "1", "4"], "loss": ["3.0", "2.0", "loss", "3.1", "2.1"]}
+    ).assign(step_time_s="0.1")
+    summary = {"steps": 4, "run_name": "pr1"}
+    with pytest.raises(InputDataError) as refused:
+        summarize_training(summary, joined, pd.DataFrame(), {"train_history": "data/train_history.csv"})
+    message = str(refused.value)
+    assert "data/train_history.csv" in message and "'step'" in message and "row 3" in message
+    assert "\n" not in message
+    catalog = DataCatalog({"train_summary": MemoryDataset(summary), "train_history": MemoryDataset(joined)})
+    with pytest.raises(InputDataError, match="not step numbers"):
+        ReportOfOneTrainingHook().before_pipeline_run({}, create_pipeline(), catalog)

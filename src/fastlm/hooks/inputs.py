@@ -240,9 +240,10 @@ def _check_history(pipeline, catalog) -> None:
         return
     if not isinstance(summary, dict) or not hasattr(history, "columns"):
         return  # not a summary or a table: the nodes say what it is
-    from fastlm.reporting.summaries import check_one_training
+    from fastlm.reporting.summaries import check_history_steps, check_one_training
 
     path = local_path(catalog, "train_history")
+    check_history_steps(history, path.as_posix() if path is not None else "train_history")
     shown = "train_history" + (f" ({path.as_posix()})" if path is not None else "")
     check_one_training(summary, history=history, what=f"the history {shown}")
 

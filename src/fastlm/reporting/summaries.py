@@ -20,6 +20,7 @@ from fastlm.errors import InputDataError, StaleDataError
 __all__ = [
     "TRAINING_ID",
     "after_warmup",
+    "check_history_steps",
     "check_one_training",
     "check_report_sources",
     "check_train_summary",
@@ -66,6 +67,24 @@ def check_one_training(summary: dict, *, training_id: str | None = None, history
 
 def _has_steps(history: pd.DataFrame | None) -> bool:
     return history is not None and "step" in history and len(history) > 0
+
+
+def check_history_steps(history: pd.DataFrame, shown: str) -> None:
+    """One InputDataError line naming ``shown`` (the file) where a step of ``history`` is no whole step number
+    (two histories joined with ``cat``: the second header a row; a cell edited into text); the row counted
+    from 1 after the header."""
+    if history is None or "step" not in history:
+        return
+    steps = pd.to_numeric(history["step"], errors="coerce")
+    bad = history["step"].notna() & (steps.isna() | (steps % 1 != 0))
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise InputDataError(
+            f"{shown} holds step values that are not step numbers (row {row + 1}: "
+            f"{history['step'].iloc[row]!r}): it is not a history fastlm wrote (two joined with its second "
+            "header inside, or edited).",
+            fix="rerun `kedro run --pipeline=train` to write it again.",
+        )
 
 
 def check_report_sources(

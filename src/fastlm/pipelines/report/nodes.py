@@ -17,6 +17,7 @@ from fastlm.reporting.diagnosis import diagnosis_record
 from fastlm.reporting.report_document import ReportInputs, build_document
 from fastlm.reporting.summaries import (
     TRAINING_ID,
+    check_history_steps,
     check_one_training,
     check_report_sources,
     check_train_summary,
@@ -44,6 +45,7 @@ def summarize_training(
             fix="run `kedro run --pipeline=train` first.",
         )
     summary = check_train_summary(summary, _path(paths, "train_summary"))
+    check_history_steps(history, _path(paths, "train_history"))
     check_one_training(summary, history=history, what=f"the history {_path(paths, 'train_history')}")
     run_id = summary.get("mlflow_run_id")
     diagnosis = diagnosis_record(summary, history)
