@@ -413,3 +413,41 @@ def test_run_comparison_start_times_say_their_time_zone():
     ]
     seoul = runs_frame(SPEED).assign(start_time=lambda f: f["start_time"].dt.tz_convert("Asia/Seoul"))
     assert compare_runs(seoul, current_run_id="a" * 32)["start_time"].iloc[0] == "2026-01-02 10:00 UTC"
+
+
+def test_report_tables_read_back_keep_tokens_and_texts_that_pandas_would_read_as_missing(tmp_path):
+    """error_pairs.csv, worst_samples.csv and sample_generations.csv are written, then read back by
+    write_report: a token or text such as ``None``, ``null``, ``NA`` or ``nan`` (a code corpus's ``=None``,
+    JSON's ``null``) stays that text; only an empty cell is missing. Was: pandas' default missing markers
+    read them as NaN, and the report showed an empty cell (a wrong prediction of no token) or —."""
+    from fastlm.reporting.report_document import error_pairs_table
+    from tests.support.project import catalog_dataset
+
+    pairs = pd.DataFrame(
+        {
+            "target_id": [7, 8],
+            "predicted_id": [9, 9],
+            "target": ["None", "null"],
+            "predicted": [",", ","],
+            "target_text": ["None", "null"],
+            "predicted_text": [",", ","],
+            "count": [3, 2],
+            "share_of_errors": [0.6, 0.4],
+        }
+    )
+    catalog_dataset("error_pairs", tmp_path / "error_pairs.csv").save(pairs)
+    back = catalog_dataset("error_pairs", tmp_path / "error_pairs.csv").load()
+    assert error_pairs_table(back)["target"].tolist() == ["None", "null"]
+    assert back["share_of_errors"].dtype.kind == "f"
+    generations = pd.DataFrame(
+        {"prompt": ["NA", ""], "setting": ["greedy"] * 2, "settings": [None, None], "output": ["nan", "x"]}
+    )
+    catalog_dataset("sample_generations", tmp_path / "g.csv").save(generations)
+    back = catalog_dataset("sample_generations", tmp_path / "g.csv").load()
+    assert (
+        back["prompt"].iloc[0] == "NA" and back["output"].iloc[0] == "nan" and pd.isna(back["prompt"].iloc[1])
+    )
+    worst = pd.DataFrame({"sample": [1], "loss": [float("nan")], "length": [2], "text": ["null"]})
+    catalog_dataset("worst_samples", tmp_path / "w.csv").save(worst)
+    back = catalog_dataset("worst_samples", tmp_path / "w.csv").load()
+    assert back["text"].iloc[0] == "null" and back["loss"].dtype.kind == "f"
