@@ -125,6 +125,26 @@ def test_padding_bound_names_the_current_mode():
     assert not by_kind(diagnose(cpu(), make_history(6, padding_efficiency=0.85)))[PADDING_BOUND].triggered
 
 
+def test_a_packed_runs_padding_advice_follows_what_padded_it():
+    """Packed rows pad where a row is not filled, by the multiple lengths round up to, and, for an
+    encoder-decoder, on the shorter side of each pair (rows are packed by the longer). Was: "lower
+    train.batching.pad_to_multiple_of" for every packed run, one already at 1 (CPU's auto) included, and
+    for an encoder-decoder's."""
+    history = make_history(6, padding_efficiency=0.6)
+
+    def advice(**summary) -> str:
+        finding = by_kind(diagnose(cpu(batching="packed", **summary), history))[PADDING_BOUND]
+        assert finding.triggered
+        return finding.advice
+
+    assert "lower train.batching.pad_to_multiple_of (8 now)" in advice(pad_to_multiple_of=8)
+    one = advice(pad_to_multiple_of=1)
+    assert "pad_to_multiple_of" not in one and "train.batching.row_length" in one, one
+    pairs = advice(pad_to_multiple_of=1, encoder_decoder=True)
+    assert "pad_to_multiple_of" not in pairs and "shorter side" in pairs, pairs
+    assert "pad_to_multiple_of" in advice()  # a summary without the figure (an older run's): as before
+
+
 def test_compute_bound_only_when_nothing_else_triggers():
     healthy = diagnose(cpu(), make_history(6))
     assert triggered(healthy) == {COMPUTE_BOUND}

@@ -62,6 +62,7 @@ __all__ = [
     "make_batching",
     "micro_batches",
     "packed_budget",
+    "padding_multiple",
     "say_untrained_answers",
     "seq2seq_batching",
     "step_plan",
@@ -83,6 +84,15 @@ class Seq2SeqSides:
         """Each sample's real tokens as its batches count them (the collators' ``num_real_tokens``): its ids,
         the decoder start and the ends around both sides (``collators.seq2seq_sides``)."""
         return lengths + 1 + len(self.ends.head) + len(self.ends.tail)
+
+
+def padding_multiple(params: TrainParams) -> int:
+    """The multiple every padded length rounds up to: ``train.batching.pad_to_multiple_of`` (``auto``
+    resolved for the run's device) and float8's alignment (``token_multiple``), as ``make_batching`` pads."""
+    batching = params.batching
+    device_type = resolve_device(params.runtime.device).type
+    align = token_multiple(params.runtime.float8, device_type, row_length=batching.fixed_row_length())
+    return batching.pad_multiple(device_type, align)
 
 
 def make_batching(
@@ -114,7 +124,7 @@ def make_batching(
     split = backoff_pieces(configured, batching.micro_batch_size) if configured else 1
     device_type = resolve_device(params.runtime.device).type
     align = token_multiple(params.runtime.float8, device_type, row_length=batching.fixed_row_length())
-    pad_multiple = batching.pad_multiple(device_type, align)
+    pad_multiple = padding_multiple(params)
     seq2seq = sides is not None
     mode = batching.mode
     if seq2seq:

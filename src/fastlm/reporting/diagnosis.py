@@ -219,10 +219,7 @@ def _padding_bound(summary: dict, timed: pd.DataFrame) -> Finding:
         )
     mode = summary.get("batching")
     if mode == "packed":
-        advice = (
-            "packed batching should barely pad: lower train.batching.pad_to_multiple_of and check "
-            "split.max_length against the document lengths"
-        )
+        advice = _packed_padding_advice(summary)
     elif mode == "length_grouped":
         advice = f"switch train.batching.mode from length_grouped to packed{_MODES_MEASURED}"
     elif mode:
@@ -236,6 +233,30 @@ def _padding_bound(summary: dict, timed: pd.DataFrame) -> Finding:
         f"only {figure} of the computed tokens are real: the rest is padding",
         advice,
     )
+
+
+def _packed_padding_advice(summary: dict) -> str:
+    """What pads packed rows: the multiple lengths round up to (``pad_to_multiple_of``, the summary's, auto
+    resolved), rows left part empty, an encoder-decoder pair's shorter side (rows packed by the longer)."""
+    multiple = summary.get("pad_to_multiple_of")
+    if summary.get("encoder_decoder"):
+        advice = (
+            "an encoder-decoder's rows are packed by each pair's longer side, so the shorter side's share of "
+            "a row is padding: check split.max_length against the prompt and response lengths"
+        )
+    elif multiple is None:  # a summary of a run before the figure was recorded
+        return (
+            "packed batching should barely pad: lower train.batching.pad_to_multiple_of and check "
+            "split.max_length against the document lengths"
+        )
+    else:
+        advice = (
+            "packed batching should barely pad: rows are left part empty; set train.batching.row_length to "
+            "auto (or shorter) and check split.max_length against the document lengths"
+        )
+    if isinstance(multiple, int) and multiple > 1:
+        advice += f"; lower train.batching.pad_to_multiple_of ({multiple} now)"
+    return advice
 
 
 def _host_sync_bound(summary: dict, history: pd.DataFrame, timed: pd.DataFrame) -> Finding:

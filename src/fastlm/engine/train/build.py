@@ -32,6 +32,7 @@ from fastlm.engine.batching import (
     StreamLayout,
     loader_settings,
     micro_batches,
+    padding_multiple,
     say_untrained_answers,
     seq2seq_batching,
     step_plan,
@@ -328,6 +329,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         ),
     )
     holds["row_length"] = plan.row_length  # the packed rows' length, auto resolved (None: not packed)
+    holds["pad_to_multiple_of"] = padding_multiple(params)  # what padded lengths round up to, auto resolved
     _log_start(params, total_steps, steps_per_epoch, comm.world_size, holds)
     if comm.is_main:
         _warn_whole_run_warmup(params.optimizer, total_steps)
