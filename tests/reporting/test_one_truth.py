@@ -65,6 +65,26 @@ def test_run_comparison_shows_values_that_differ_and_marks_this_run():
     assert list(table["this run"]) == ["◀", "", ""]
 
 
+def test_run_comparison_leaves_out_the_texts_saying_why_a_runtime_setting_was_chosen():
+    """``runtime.precision_choice`` and ``runtime.compile_choice`` are sentences with the timings measured
+    (``auto, measured on the first micro-batch: eager 0.031 s ...``): they differ in every run, as wide
+    columns of "parameters that differ". The choices themselves (``runtime.precision``, ``runtime.compile``)
+    are compared. Was: both sentences shown for every pair of trainings."""
+    why = [f"auto, measured on the first micro-batch: eager 0.0{i}1 s, compiled 0.0{i}2 s" for i in range(3)]
+    runs = runs_frame(SPEED).assign(
+        **{
+            "params.runtime.precision_choice": why,
+            "params.runtime.compile_choice": why,
+            "params.runtime.float8_choice": why,
+            "params.fused_linear_choice": why,
+            "params.runtime.compile": ["True", "False", "False"],
+        }
+    )
+    table = compare_runs(runs, current_run_id="a" * 32)
+    assert not [column for column in table if column.endswith("_choice")], list(table)
+    assert list(table["runtime.compile"]) == ["True", "False", "False"]
+
+
 def test_run_comparison_shows_a_setting_one_run_left_unset_and_another_set():
     """MLflow logs no unset (null) parameter: a run of ``train.max_minutes: 30`` beside one without a time
     budget, a pretrained ``train.model.name_or_path`` beside a model from scratch, ``split.max_samples: 2000``

@@ -28,6 +28,9 @@ WALL_TIME = "metrics.wall_time_s"
 # theirs); the torch build is the runtime's, not a setting; a resumed run's checkpoint path is its run name's
 # folder (its resumed_from_step is shown).
 NOT_COMPARED = ("params.run_name", "params.runtime.torch", "params.resumed_checkpoint")
+# why a runtime setting was chosen (``runtime.precision_choice``, ``compile_choice``, ``float8_choice``,
+# ``fused_linear_choice``): sentences with the timings measured, other in every run; the choices are compared
+WHY_CHOSEN = "_choice"
 # The parameter groups a run logs whole where it logs any of their keys (each node logs the groups it reads),
 # leaving out the unset (null) ones alone: a key such a run lacks is unset there, a difference from a value.
 SETTING_GROUPS = ("split", "train", "report")
@@ -95,7 +98,10 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     params = {
         column: runs[column].map(param_value)
         for column in runs.columns
-        if column.startswith("params.") and not column.startswith(NOT_COMPARED) and column != SMOOTHING
+        if column.startswith("params.")
+        and not column.startswith(NOT_COMPARED)
+        and not column.endswith(WHY_CHOSEN)
+        and column != SMOOTHING
     }
     differing = [column for column, values in params.items() if _differs(column, values, runs)]
     table = pd.DataFrame(
