@@ -538,3 +538,33 @@ def test_a_history_whose_steps_are_not_step_numbers_is_refused_in_one_line():
     catalog = DataCatalog({"train_summary": MemoryDataset(summary), "train_history": MemoryDataset(joined)})
     with pytest.raises(InputDataError, match="not step numbers"):
         ReportOfOneTrainingHook().before_pipeline_run({}, create_pipeline(), catalog)
+
+
+def test_a_history_whose_last_row_is_cut_is_refused_in_one_line():
+    """A train_history.csv cut inside its last row (a copy stopped, a disk full): the row's step is there,
+    its step time and other figures are not. Refused in one line naming the file and the row, before any
+    node runs. Was: the report succeeded, that window silently left out of every rate."""
+    from kedro.io import DataCatalog, MemoryDataset
+
+    from fastlm.hooks.inputs import ReportOfOneTrainingHook
+    from fastlm.pipelines.report.pipeline import create_pipeline
+
+    cut = pd.DataFrame(
+        {
+            "step": [1, 2, 4],
+            "loss": [3.0, 2.5, None],
+            "step_time_s": [0.2, 0.1, None],
+            "real_tokens_per_s": [100.0, 200.0, None],
+        }
+    )
+    summary = {"steps": 4, "run_name": "pr1"}
+    with pytest.raises(InputDataError) as refused:
+        summarize_training(summary, cut, pd.DataFrame(), {"train_history": "data/train_history.csv"})
+    message = str(refused.value)
+    assert "data/train_history.csv" in message and "row 3" in message and "step 4" in message, message
+    assert "\n" not in message
+    catalog = DataCatalog({"train_summary": MemoryDataset(summary), "train_history": MemoryDataset(cut)})
+    with pytest.raises(InputDataError, match="row 3"):
+        ReportOfOneTrainingHook().before_pipeline_run({}, create_pipeline(), catalog)
+    whole = cut.fillna({"loss": 2.0, "step_time_s": 0.1, "real_tokens_per_s": 210.0})
+    summarize_training(summary, whole, pd.DataFrame(), {"train_history": "data/train_history.csv"})

@@ -71,8 +71,8 @@ def _has_steps(history: pd.DataFrame | None) -> bool:
 
 def check_history_steps(history: pd.DataFrame, shown: str) -> None:
     """One InputDataError line naming ``shown`` (the file) where a step of ``history`` is no whole step number
-    (two histories joined with ``cat``: the second header a row; a cell edited into text); the row counted
-    from 1 after the header."""
+    (two histories joined with ``cat``: the second header a row; a cell edited into text), or a row lacks its
+    step time (the file cut inside it); the row counted from 1 after the header."""
     if history is None or "step" not in history:
         return
     steps = pd.to_numeric(history["step"], errors="coerce")
@@ -84,6 +84,17 @@ def check_history_steps(history: pd.DataFrame, shown: str) -> None:
             f"{history['step'].iloc[row]!r}): it is not a history fastlm wrote (two joined with its second "
             "header inside, or edited).",
             fix="rerun `kedro run --pipeline=train` to write it again.",
+        )
+    if "step_time_s" not in history:
+        return
+    # every row the training writes has its step time: a row without it was cut (a copy stopped, a disk full)
+    cut = history["step"].notna() & pd.to_numeric(history["step_time_s"], errors="coerce").isna()
+    if cut.any():
+        row = int(np.flatnonzero(cut.to_numpy())[0])
+        raise InputDataError(
+            f"{shown} has an incomplete row (row {row + 1}, step {int(steps.iloc[row])}: no step time): "
+            "the file was cut while it was written or copied; that window would be left out of every rate.",
+            fix="copy the file again whole, or rerun `kedro run --pipeline=train` to write it again.",
         )
 
 
