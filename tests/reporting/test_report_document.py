@@ -412,6 +412,10 @@ def test_the_speed_line_breaks_down_the_time_outside_the_steps():
         line for line in run_lines({**summary, "eval_s": 0.0, "compile_s": 0.0}, None) if "Speed" in line
     )
     assert plain.endswith("(3.2 s outside the steps)."), plain
+    # under a second: two significant digits, never "0.0 s" for a validation that took 44 ms
+    short = {**summary, "outside_steps_s": 0.31, "eval_s": 0.044, "compile_s": 0.0}
+    quick = next(line for line in run_lines(short, None) if "Speed" in line)
+    assert quick.endswith("(0.31 s outside the steps, 0.044 s of them validation)."), quick
 
 
 def test_the_report_shows_each_folds_figures_from_the_split_report():

@@ -266,11 +266,19 @@ def _time_outside(summary: dict) -> str:
     outside, evals, compiling = (summary.get(key) for key in ("outside_steps_s", "eval_s", "compile_s"))
     parts = []
     if _finite(outside):
-        part = f"{outside:,.1f} s outside the steps"
-        parts.append(part + (f", {evals:,.1f} s of them validation" if _finite(evals) and evals > 0 else ""))
+        part = f"{_seconds(outside)} s outside the steps"
+        parts.append(
+            part + (f", {_seconds(evals)} s of them validation" if _finite(evals) and evals > 0 else "")
+        )
     if _finite(compiling) and compiling > 0:
-        parts.append(f"{compiling:,.1f} s compiling, in no step time")
+        parts.append(f"{_seconds(compiling)} s compiling, in no step time")
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _seconds(value: float) -> str:
+    """Seconds as the report writes them: one decimal from a second on, two significant digits under it
+    (0.044, not 0.0)."""
+    return f"{value:,.1f}" if abs(value) >= 1 or value == 0 else f"{value:.2g}"
 
 
 def _steady_scope(summary: dict) -> str:
