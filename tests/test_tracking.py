@@ -283,6 +283,28 @@ def test_a_report_run_again_adds_no_duplicate_test_metric_to_the_training_run(ac
     assert history == {"test_loss": [values["test_loss"], changed["test_loss"]], "test_accuracy": [0.25]}
 
 
+def test_a_report_whose_test_loss_is_not_finite_replaces_the_earlier_figure_on_the_training_run(active_run):
+    """A report gave a finite test loss; the training's report run again (on another test split, another
+    precision) gives an infinite one. Its figures are logged as NaN on the training run, so the run comparison
+    no longer shows the earlier, finite loss as this training's; the same NaN again adds no point. Was: a
+    non-finite figure was never logged, the earlier one stayed the training run's."""
+    import math
+
+    from fastlm.reporting.comparison import test_metric_values
+    from fastlm.tracking import log_test_metrics
+
+    client = mlflow.MlflowClient()
+    training = client.create_run(active_run.info.experiment_id).info.run_id
+    log_test_metrics(test_metric_values({"loss": 2.5, "perplexity": 12.2}), training_run_id=training)
+    for _ in range(2):
+        log_test_metrics(
+            test_metric_values({"loss": math.inf, "perplexity": math.inf}), training_run_id=training
+        )
+    metrics = client.get_run(training).data.metrics
+    assert math.isnan(metrics["test_loss"]) and math.isnan(metrics["test_perplexity"]), metrics
+    assert len(client.get_metric_history(training, "test_loss")) == 2
+
+
 @pytest.mark.parametrize("one_at_a_time", [False, True])
 def test_a_parameter_mlflow_refuses_as_changed_is_named_in_the_warning(
     active_run, monkeypatch, one_at_a_time

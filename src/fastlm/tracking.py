@@ -827,12 +827,23 @@ def log_test_metrics(values: dict, training_run_id: str | None) -> dict:
 
             client, now = mlflow.MlflowClient(), int(time.time() * 1000)
             logged = client.get_run(training_run_id).data.metrics  # an earlier report's: not a second point
-            batch = [Metric(key, value, now, 0) for key, value in values.items() if logged.get(key) != value]
+            batch = [
+                Metric(key, value, now, 0)
+                for key, value in values.items()
+                if not _same_figure(logged.get(key), value)
+            ]
             if batch:
                 client.log_batch(training_run_id, metrics=batch)
 
         tracking.call("test metric logging on the training run", log_on_training_run)
     return values
+
+
+def _same_figure(logged, value: float) -> bool:
+    """Whether ``value`` is the figure already ``logged`` (NaN as NaN: a report again adds no point)."""
+    if logged is None:
+        return False
+    return logged == value or (math.isnan(logged) and math.isnan(value))
 
 
 SEARCHED_RUNS = 500  # the newest runs of an experiment the run comparison reads (every kind of run counts)

@@ -274,17 +274,18 @@ def param_value(text):
 
 
 def test_metric_values(metrics: dict) -> dict:
-    """``test_<name>`` for the finite TEST_METRICS, top-k accuracy and TEST_SAMPLE_COUNTS in ``metrics``:
-    what the run comparison reads back."""
+    """``test_<name>`` for the TEST_METRICS, top-k accuracy and TEST_SAMPLE_COUNTS in ``metrics``: what the
+    run comparison reads back. A figure that is not finite (an infinite test loss) is NaN: logged over an
+    earlier report's finite one, which would otherwise stay the training's in the comparison."""
     names = [
         name
         for name in metrics
         if name in TEST_METRICS or name in TEST_SAMPLE_COUNTS or TOP_K_ACCURACY.fullmatch(name)
     ]
     return {
-        f"test_{name}": float(metrics[name])
+        f"test_{name}": float(metrics[name]) if math.isfinite(metrics[name]) else math.nan
         for name in names
-        if isinstance(metrics.get(name), Number) and math.isfinite(metrics[name])
+        if isinstance(metrics.get(name), Number) and not isinstance(metrics.get(name), bool)
     }
 
 
