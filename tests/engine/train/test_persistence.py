@@ -383,3 +383,62 @@ def test_a_run_entered_again_with_nothing_to_train_is_finished_for_the_next_unna
     assert [path.name for path in complete_checkpoints(run_folder)][-1] == "checkpoint-00000005"
     assert unfinished_runs(base) == []
     assert finished_step(run_folder / "checkpoint-00000005") == 6  # the step it ended at, not the saved one
+
+
+@pytest.fixture(scope="module")
+def ranks_on_their_checkpoints(tmp_path_factory, bpe_tokenizer, sample_texts):
+    """Two gloo ranks running a short job as the torchrun ranks of two nodes do, each with its own
+    ``train.checkpoint_dir`` (each node's disk; tests/support/checkpoint_ranks): first both on one folder
+    (2 steps, a checkpoint at step 2), then ``resume: auto`` to step 4 where rank 0's folder holds that
+    checkpoint and rank 1's none (``node``), then both on a copy of the first folder (``shared``)."""
+    import shutil
+
+    from tests.support import checkpoint_ranks
+    from tests.support.parallel_jobs import job_params, tokenized_splits
+
+    folder = tmp_path_factory.mktemp("checkpoint_ranks")
+    splits = tokenized_splits(bpe_tokenizer, sample_texts)
+
+    def params(where: str, steps: int):
+        return job_params(
+            folder, accum=1, nproc=2, max_steps=steps, eval_every=None, save_every=2, resume="auto",
+            checkpoint_dir=str(folder / where),
+        )  # fmt: skip
+
+    (folder / "first").mkdir()
+    (folder / "again").mkdir()
+    first = checkpoint_ranks.run(folder / "first", bpe_tokenizer, splits, {"first": [params("run", 2)] * 2})
+    shutil.copytree(folder / "run", folder / "node0")
+    shutil.copytree(folder / "run", folder / "shared")
+    (folder / "node1").mkdir()
+    cases = {
+        "node": [params("node0", 4), params("node1", 4)],
+        "shared": [params("shared", 4)] * 2,
+    }
+    return first, checkpoint_ranks.run(folder / "again", bpe_tokenizer, splits, cases), folder
+
+
+def test_ranks_that_would_continue_other_checkpoints_each_refuse_in_one_line(ranks_on_their_checkpoints):
+    """A node that does not see rank 0's checkpoints (checkpoints on each node's own disk, as when only the
+    tokenized data was copied to every node): its ranks started fresh while rank 0 continued step 2, DDP
+    averaged the gradients of two models at different steps and learning rates, rank 0 wrote a checkpoint
+    of step 4, and rank 1 then waited in a collective until train.distributed.timeout_s. Now every rank
+    refuses before training, in one line naming both ranks' choices and the fix; nothing is written."""
+    first, again, folder = ranks_on_their_checkpoints
+    assert [rank["first"]["steps"] for rank in first] == [2, None]
+    seen = [rank["node"] for rank in again]
+    assert [case.get("exit_code") for case in seen] == [2, 2]  # every rank refuses, none trains
+    line = seen[0]["error"]
+    assert line == seen[1]["error"] and "\n" not in line
+    assert "rank 0 continues checkpoint-00000002" in line and "rank 1 starts fresh" in line
+    assert "train.checkpoint_dir" in line and "Fix:" in line
+    assert sorted(path.name for path in (folder / "node0").iterdir()) == ["checkpoint-00000002"]
+
+
+def test_ranks_that_see_the_same_checkpoints_continue_the_same_one(ranks_on_their_checkpoints):
+    _, again, folder = ranks_on_their_checkpoints
+    assert [rank["shared"] for rank in again] == [
+        {"steps": 2, "resumed_from_step": 2},
+        {"steps": None, "resumed_from_step": None},
+    ]
+    assert "checkpoint-00000004" in {path.name for path in (folder / "shared").iterdir()}

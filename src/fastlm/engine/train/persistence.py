@@ -28,7 +28,7 @@ from fastlm.engine.checkpoint.discovery import ended_in_state, finished_step
 from fastlm.engine.checkpoint.files import SaveOptions, mark_finished, save_checkpoint
 from fastlm.engine.checkpoint.layout import MODEL_FILE, OPTIMIZER_FILE, CheckpointError, checkpoint_dir
 from fastlm.engine.checkpoint.loading import load_checkpoint, read_checkpoint_state
-from fastlm.engine.checkpoint.resume import data_digest, plan_resume, run_digest
+from fastlm.engine.checkpoint.resume import ResumePlan, data_digest, plan_resume, run_digest
 from fastlm.engine.config import OptimizerParams, TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import (
@@ -43,6 +43,7 @@ from fastlm.engine.model.lora import trains_part_only
 from fastlm.engine.train.schedule import AppliedStepsLR, LRSchedule, run_schedule
 from fastlm.engine.train.state import TrainState
 from fastlm.engine.train.step import Optimization
+from fastlm.errors import FastlmError
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,7 @@ class Checkpointer:
 
     def restore(self) -> TrainState:
         """The state to continue from: the planned checkpoint loaded (read once), or a fresh start."""
-        plan = plan_resume(
-            self.root, self.params.resume, self.digest, plan=self.step_plan, move_old=self.comm.is_main
-        )
+        plan = self._agreed_plan()
         folder = plan.checkpoint
         if folder is None:
             return TrainState()
@@ -137,6 +136,58 @@ class Checkpointer:
                 self.total_steps,
             )
         return state
+
+    def _agreed_plan(self) -> ResumePlan:
+        """``resume.plan_resume`` on every rank, the same checkpoint or none (CheckpointError on every rank,
+        one line, before anything is loaded or trained).
+
+        Rank 0 plans first (it may move checkpoints aside or put a cut replacement back: the others then see
+        the folder as it leaves it), then the others; each rank's choice is compared in one gather. Ranks
+        that do not see the same ``train.checkpoint_dir`` (each node's own disk, where only the tokenized
+        data was copied to every node) chose apart: one continued step N, another started fresh, DDP averaged
+        the gradients of models at different steps, learning rates and data positions, rank 0 wrote their
+        mix as checkpoints, and the ranks met at no common last step (a collective then waited until
+        ``train.distributed.timeout_s``)."""
+        comm = self.comm
+
+        def plan() -> ResumePlan:
+            return plan_resume(
+                self.root, self.params.resume, self.digest, plan=self.step_plan, move_old=comm.is_main
+            )
+
+        if comm.world_size == 1:
+            return plan()
+        mine, failed = _planned(plan) if comm.is_main else (None, None)
+        first = comm.gather_host(_said(mine, failed, self.root))[0]  # the others wait here for rank 0's plan
+        if "error" in first:
+            raise failed if failed is not None else CheckpointError(first["error"])
+        if not comm.is_main:
+            mine, failed = _planned(plan)
+        choices = comm.gather_host(_said(mine, failed, self.root))
+        errors = [(rank, said["error"]) for rank, said in enumerate(choices) if "error" in said]
+        if errors:
+            raise failed if failed is not None else CheckpointError(f"rank {errors[0][0]}: {errors[0][1]}")
+        chosen = [(said["checkpoint"] and Path(said["checkpoint"]).name, said["step"]) for said in choices]
+        other = next((rank for rank, choice in enumerate(chosen) if choice != chosen[0]), None)
+        if other is None:
+            return mine
+
+        def chose(rank: int) -> str:
+            said = choices[rank]
+            if said["checkpoint"] is None:
+                return f"rank {rank} starts fresh"
+            return f"rank {rank} continues {Path(said['checkpoint']).name} (step {said['step']})"
+
+        raise CheckpointError(
+            f"the {comm.world_size} ranks of this run would not continue the same checkpoint of "
+            f"train.checkpoint_dir {choices[0]['root']}: {chose(0)} and {chose(other)} (its own "
+            f"{choices[other]['root']}); trained together, they would update one model from other steps, "
+            "optimizer states and data positions (train.resume is "
+            f"{self.params.resume!r}).",
+            fix="give every node the same train.checkpoint_dir (a shared filesystem), or copy rank 0's run "
+            "folder to the same path on every node, then start again; or set train.resume: never to start "
+            "over.",
+        )
 
     def _best_of(self, folder: Path, record: dict) -> Path | None:
         """Early stopping's best checkpoint of the resumed ``folder``: where its ``record`` says
@@ -372,6 +423,25 @@ class Checkpointer:
                 "train.resume: never.",
             )
         return saved
+
+
+def _planned(plan: Callable[[], ResumePlan]) -> tuple[ResumePlan | None, FastlmError | None]:
+    """``plan()``'s result, or the user error it raised (which every rank then raises)."""
+    try:
+        return plan(), None
+    except FastlmError as error:
+        return None, error
+
+
+def _said(plan: ResumePlan | None, failed: FastlmError | None, root: Path) -> dict:
+    """What a rank tells the others of its resume plan (``Checkpointer._agreed_plan``): the checkpoint it
+    continues and its step (None: fresh) in its folder ``root``, or its error's line; rank 0's alone before
+    the others plan."""
+    if failed is not None:
+        return {"error": str(failed)}
+    if plan is None or plan.checkpoint is None:
+        return {"checkpoint": None, "step": None, "root": str(root)}
+    return {"checkpoint": str(plan.checkpoint), "step": int(plan.state.get("step", 0)), "root": str(root)}
 
 
 def _encoder_decoder_ends(model: torch.nn.Module, train_set: TokenSequences):
