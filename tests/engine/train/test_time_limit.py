@@ -42,3 +42,15 @@ def test_bad_time_budget_is_one_line(tmp_path, value):
     with pytest.raises(ConfigError, match="train.max_minutes") as raised:
         toy_params(tmp_path, max_minutes=value)
     assert "\n" not in str(raised.value)
+
+
+def test_a_time_budget_stop_validates_only_where_the_run_validates(tmp_path, monkeypatch):
+    """train.eval_every: null: the run never validates, at its last step or at a time-budget stop alike."""
+    ticks = itertools.count(0.0, 30.0)
+    monkeypatch.setattr(budget, "monotonic", lambda: next(ticks))
+    result = run_toy(toy_params(tmp_path, max_steps=30, max_minutes=1.0, log_every=5, eval_every=None))
+    assert result.summary["stopped_by"] == "time budget" and result.summary["steps"] == 2
+    assert result.eval_history == []  # no validation nobody asked for
+    assert result.summary["final_val_loss"] is None
+    assert [record["step"] for record in result.history] == [1, 2]  # the stop step is still logged and saved
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "checkpoint-00000002"

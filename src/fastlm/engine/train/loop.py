@@ -217,10 +217,11 @@ def _count_step(run: TrainingParts, result: StepResult, counts: StepCounts) -> N
 
 
 def _evaluate_if_due(run: TrainingParts, out_of_time: bool) -> tuple[bool, bool]:
-    """Validation when due (``train.eval_every``, the last step, a time-budget stop), then early stopping's
-    watch: (a new best: save this step and keep it, patience ran out before the last step)."""
+    """Validation when due (``train.eval_every``, the last step, a time-budget stop; none of them where
+    ``eval_every`` is null: such a run never validates, so its stop is as quick as its end), then early
+    stopping's watch: (a new best: save this step and keep it, patience ran out before the last step)."""
     scheduled = _due(run.state.step, run.params.eval_every, run.total_steps)
-    if run.validate is None or not (scheduled or out_of_time):
+    if run.validate is None or not run.params.eval_every or not (scheduled or out_of_time):
         return False, False
     started = perf_counter()
     metrics = run.validate()
