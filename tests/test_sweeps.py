@@ -208,6 +208,22 @@ def test_table_sorted_by_metric_and_verdict_names_best_and_diverged():
     assert "a was the fastest (2.0x less wall time than the slowest)" in text
 
 
+def test_a_history_row_of_steps_without_target_tokens_is_no_divergence():
+    """A row whose steps had no target token (every sample one token long) has a NaN loss and no loss at
+    all: the verdict names no divergence for it, and still names one after it."""
+    overrides = {"a": {"train.optimizer.lr": 0.001}, "b": {"train.optimizer.lr": 0.1}}
+    summaries = {name: {"final_val_loss": 2.0 + index, "wall_time_s": 10.0, "steps": 4} for index, name in
+                 enumerate(overrides)}  # fmt: skip
+    table = comparison_table(summaries, overrides, "final_val_loss")
+    nan = float("nan")
+    histories = {
+        "a": pd.DataFrame({"step": [1, 2, 3], "loss": [nan, 4.0, 3.0], "target_tokens": [0, 40, 40]}),
+        "b": pd.DataFrame({"step": [1, 2, 3], "loss": [4.0, nan, nan], "target_tokens": [40, 0, 40]}),
+    }
+    text = verdict(table, "final_val_loss", histories)
+    assert "diverged: b at step 3" in text and "a at" not in text, text
+
+
 def test_a_verdict_on_runs_tied_by_the_metric_says_they_tie():
     """Two seeds scored by tool-call exact match, both at the same figure (a small model calling no tool
     right): the verdict says the runs tie and which one the best-run file takes, naming no run best or

@@ -607,9 +607,14 @@ def _sooner(finite: pd.DataFrame, evaluations: dict, histories: dict, describe) 
 
 
 def _diverged(history: pd.DataFrame) -> int | None:
-    """The first step whose loss is not finite or above twice the first logged loss, else None."""
+    """The first step whose loss is not finite or above twice the first logged loss, else None. Rows of steps
+    without a target token (``target_tokens`` 0: no loss, NaN) are no divergence."""
     if history is None or "loss" not in history or history.empty:
         return None
+    if "target_tokens" in history:
+        history = history[pd.to_numeric(history["target_tokens"], errors="coerce").to_numpy() != 0]
+        if history.empty:
+            return None
     loss = pd.to_numeric(history["loss"], errors="coerce").to_numpy(dtype=float)
     bad = ~np.isfinite(loss) | (loss > 2 * loss[0])
     return int(history["step"].iloc[int(np.argmax(bad))]) if bad.any() else None

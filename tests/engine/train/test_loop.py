@@ -1,16 +1,19 @@
 """The training loop on a tiny Llama: loss falls in every batching mode, exact resume, NaN stops cleanly."""
 
 import inspect
+import itertools
 import math
 import multiprocessing
 from contextlib import ExitStack
 
+import numpy as np
 import pytest
 import torch
 
 from fastlm.engine.batching import MicroBatches, StreamLayout, micro_batches
 from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.checkpoint.loading import load_checkpoint
+from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.observe.health import NonFiniteLossError
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.engine.train.build import TrainingParts, TrainRequest, build_training, settle_request
@@ -19,6 +22,7 @@ from fastlm.engine.train.persistence import Checkpointer
 from fastlm.engine.train.records import Recorder
 from fastlm.engine.train.schedule import LRSchedule
 from fastlm.engine.train.state import TrainState
+from fastlm.errors import ConfigError
 from tests.support.toy_training import (
     EOS,
     VOCAB,
@@ -438,3 +442,48 @@ def test_a_rewind_to_an_earlier_checkpoint_moves_the_abandoned_later_ones_aside(
     assert aside == ["checkpoint-00000015", "checkpoint-00000020"]
     resumed = run_toy(toy_params(tmp_path, **settings, resume="auto"))
     assert resumed.summary["resumed_from_step"] == 10 and resumed.summary["steps_trained"] == 10
+
+
+def test_steps_whose_samples_are_all_one_token_train_on_without_a_divergence_stop(tmp_path, caplog):
+    """length_grouped batches the one-token samples (no target: nothing follows the token) together: those
+    steps have no loss, said once as what happened, and the run trains to its end."""
+    base = toy_sequences(100, 1)
+    rows = [base.values[start:end].tolist() for start, end in itertools.pairwise(base.offsets)] + [[EOS]] * 60
+    lengths = np.array([len(row) for row in rows])
+    data = TokenSequences(np.concatenate(rows), np.concatenate([[0], np.cumsum(lengths)]))
+    params = toy_params(tmp_path, batching={"mode": "length_grouped", "micro_batch_size": 4}, log_every=1)
+    with caplog.at_level("WARNING"):
+        result = train(
+            toy_model(),
+            data,
+            toy_sequences(40, 2),
+            params=params,
+            runtime=setup_runtime(params.runtime, seed=0),
+            pad_id=EOS,
+            max_length=64,
+            attn="sdpa",
+        )
+    assert result.summary["steps"] == 30 and result.summary["stopped_by"] is None
+    empty = [row for row in result.history if row["target_tokens"] == 0]
+    assert empty and all(math.isnan(row["loss"]) and row["grad_norm"] == 0.0 for row in empty)
+    assert all(math.isfinite(row["loss"]) for row in result.history if row["target_tokens"])
+    said = [record.getMessage() for record in caplog.records if "no target tokens" in record.getMessage()]
+    assert len(said) == 1 and "learning rate" not in said[0]
+
+
+def test_training_data_without_a_single_target_token_is_refused_in_one_line(tmp_path):
+    data = TokenSequences(np.full(20, EOS, dtype=np.int32), np.arange(21))  # 20 samples of one token
+    params = toy_params(tmp_path)
+    with pytest.raises(ConfigError, match="no target token") as raised:
+        train(
+            toy_model(),
+            data,
+            None,
+            params=params,
+            runtime=setup_runtime(params.runtime, seed=0),
+            pad_id=EOS,
+            max_length=64,
+            attn="sdpa",
+        )
+    assert "\n" not in str(raised.value)
+    assert not (tmp_path / "checkpoints").exists()

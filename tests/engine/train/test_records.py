@@ -4,6 +4,7 @@ the state and the metrics they are given."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,34 @@ def test_run_summary_of_a_run_without_rows_has_no_figures(tmp_path):
     assert summary["final_train_loss"] is None and summary["real_tokens_per_s"] is None
     assert summary["peak_memory_mb"] is None and summary["first_step_s"] is None
     assert summary["resumed_from"] is None and summary["resumed_from_step"] is None
+
+
+def test_a_window_without_target_tokens_is_said_and_trains_on_never_called_a_divergence(caplog):
+    state = TrainState(last_good=Path("ckpt/checkpoint-00000002"))
+    rec, received = recorder(state, log_every=2, total_steps=6)
+    with caplog.at_level("WARNING"):
+        run_step(rec, loss_sum=0.0, targets=0)  # step 1 alone: every sample one token long
+        run_step(rec, loss_sum=0.0, targets=0)
+        run_step(rec, loss_sum=12.0, targets=3)  # a window holding targets: their mean alone
+        run_step(rec, loss_sum=0.0, targets=0)
+    rows = state.history
+    assert [row["step"] for row in rows] == [1, 2, 4] and [row["target_tokens"] for row in rows] == [0, 0, 3]
+    assert math.isnan(rows[0]["loss"]) and math.isnan(rows[1]["loss"]) and rows[2]["loss"] == 4.0
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings  # said once, at the first such row
+    assert "no target tokens" in warnings[0] and "step 1" in warnings[0]
+    assert "learning rate" not in warnings[0] and "lr" not in warnings[0].split()
+    assert [row for _, row in received] == rows
+    params = parse_train_params({"checkpoint_dir": "unused", "runtime": {"device": "cpu"}})
+    summary = run_summary(state, rec.metrics, total_steps=4, epochs=1.0, wall=1.0, n_params=10, params=params,
+                          world_size=1)  # fmt: skip
+    assert summary["final_train_loss"] == 4.0  # the last row with a loss, not the NaN after it
+
+
+def test_a_nan_loss_of_a_window_with_target_tokens_still_stops_the_run():
+    state = TrainState()
+    rec, _ = recorder(state)
+    run_step(rec, loss_sum=0.0, targets=0)
+    with pytest.raises(NonFiniteLossError, match="loss became nan"):
+        for _ in range(2):
+            run_step(rec, loss_sum=float("nan"), targets=2)

@@ -17,7 +17,14 @@ from fastlm.errors import FastlmError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GradNormWatch", "NonFiniteLossError", "check_finite", "check_first_loss", "overflow_skipped"]
+__all__ = [
+    "GradNormWatch",
+    "NonFiniteLossError",
+    "check_finite",
+    "check_first_loss",
+    "no_targets",
+    "overflow_skipped",
+]
 
 
 class NonFiniteLossError(FastlmError):
@@ -32,9 +39,11 @@ def check_finite(record: dict, step: int, last: Path | None, *, loss_scale: floa
     ``loss_scale``: the fp16 grad scaler's scale after the record's step (None: no loss scaling).
     """
     norm = record.get("grad_norm")
-    if math.isfinite(record["loss"]) and overflow_skipped(norm, loss_scale):
+    # steps without a target token (``no_targets``) have no loss: a NaN there is no divergence
+    loss = 0.0 if no_targets(record) else record["loss"]
+    if math.isfinite(loss) and overflow_skipped(norm, loss_scale):
         return
-    if not math.isfinite(record["loss"]) or (norm is not None and not math.isfinite(norm)):
+    if not math.isfinite(loss) or (norm is not None and not math.isfinite(norm)):
         what = (
             f"loss became {record['loss']}"
             if not math.isfinite(record["loss"])
@@ -48,6 +57,12 @@ def check_finite(record: dict, step: int, last: Path | None, *, loss_scale: floa
             "bf16/fp32 instead of fp16; then rerun (train.resume: auto continues from the last good "
             "checkpoint).",
         )
+
+
+def no_targets(record: dict) -> bool:
+    """Whether a history row's steps had no target token at all (every sample one token long, nothing after
+    it to predict; or only prompt tokens): their loss is undefined (NaN in the row), their gradient zero."""
+    return record.get("target_tokens") == 0
 
 
 def overflow_skipped(norm: float | None, loss_scale: float | None) -> bool:
@@ -83,13 +98,16 @@ class GradNormWatch:
             [
                 record["grad_norm"]
                 for record in history
-                if record.get("grad_norm") is not None and math.isfinite(record["grad_norm"])
+                if record.get("grad_norm") is not None
+                and math.isfinite(record["grad_norm"])
+                and not no_targets(record)
             ]
         )
 
     def check(self, record: dict) -> None:
         norm = record.get("grad_norm")
-        if norm is None or not math.isfinite(norm):  # an update the fp16 grad scaler skipped: no norm
+        # an update the fp16 grad scaler skipped: no norm; steps without targets: a zero norm, no gradient
+        if norm is None or not math.isfinite(norm) or no_targets(record):
             return
         if len(self.seen) >= 3 and norm > 10 * statistics.median(self.seen):
             log.warning(

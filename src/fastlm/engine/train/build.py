@@ -154,6 +154,8 @@ def settle_request(request: TrainRequest) -> TrainRequest:
     request = replace(request, runtime=request.runtime.compiling_as(params.runtime))
     _check_attention_trains(request.attn, model, request.runtime.device)
     sides = seq2seq_batching(model, request.train_set, request.attn)  # None for a causal LM
+    if sides is None:
+        _refuse_data_without_targets(request.train_set)
     say_untrained_answers(model, request.train_set)
     why = None
     if params.batching.mode == "packed":
@@ -169,6 +171,19 @@ def settle_request(request: TrainRequest) -> TrainRequest:
             update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})}
         )
     return replace(request, params=params, sides=sides)
+
+
+def _refuse_data_without_targets(train_set) -> None:
+    """One line for training data of a causal LM without a single target token (every sample one token
+    long, or prompt tokens only): each step's loss would be undefined and nothing learnt."""
+    if len(train_set.lengths) and train_set.num_target_tokens == 0:
+        raise ConfigError(
+            f"the training data has no target token: its {len(train_set.lengths):,} samples are each one "
+            "token long (nothing after it to predict) or hold prompt tokens only, so no step would have a "
+            "loss and the run would learn nothing.",
+            fix="split data whose samples hold at least two tokens (a text and its EOS; a prompt and a "
+            "response), then train again.",
+        )
 
 
 def _check_attention_trains(attn: str, model, device: torch.device) -> None:

@@ -14,7 +14,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from fastlm.engine.config import TrainParams
-from fastlm.engine.observe.health import GradNormWatch, check_finite, check_first_loss, overflow_skipped
+from fastlm.engine.observe.health import (
+    GradNormWatch,
+    check_finite,
+    check_first_loss,
+    no_targets,
+    overflow_skipped,
+)
 from fastlm.engine.observe.metrics import StepMetrics
 from fastlm.engine.observe.progress import Progress
 from fastlm.engine.observe.rates import timed_rate
@@ -55,6 +61,8 @@ class Recorder:
         self.loss_scale = loss_scale
         self.grad_norms = GradNormWatch.from_history(state.history)
         self.main = main  # rank 0 logs the evaluations
+        self.first_loss_due = not state.history  # the run's first row with a loss is checked
+        self.no_targets_said = False
 
     def step(
         self, result: StepResult, *, real_tokens: int, computed_tokens: int, samples: int, position: dict
@@ -101,13 +109,37 @@ class Recorder:
                 record["step_time_s"] + record["compile_s"],
                 f" (torch.compile {record['compile_s']:.2f} s of it)" if record["compile_s"] > 0 else "",
             )
-        if not state.history:
+        if no_targets(record):
+            self._say_no_targets(record)
+        elif self.first_loss_due:
+            self.first_loss_due = False
             check_first_loss(record["loss"], **self.first_loss)
         self.grad_norms.check(record)
         state.history.append(record)
         self.progress.show(record)
         self._emit("train", record)
         return record
+
+    def _say_no_targets(self, record: dict) -> None:
+        """One warning, at the run's first row whose steps had no target token: what happened, not a
+        divergence (the row's loss is NaN: there was none; the run goes on)."""
+        if self.no_targets_said or not self.main:
+            return
+        self.no_targets_said = True
+        previous = self.state.history[-1]["step"] if self.state.history else self.state.first_step
+        steps = (
+            f"step {record['step']}"
+            if record["step"] == previous + 1
+            else (f"steps {previous + 1}-{record['step']}")
+        )
+        log.warning(
+            "%s had no target tokens: every sample in it is one token long (nothing after it to predict) or "
+            "holds prompt tokens only, so there is no loss to log (NaN in the history, left out of MLflow) "
+            "and no gradient: its update holds AdamW's momentum and weight decay alone. The run goes on; "
+            "later such steps are not said again. Such samples train nothing: dropping them from the data "
+            "spends no step on them.",
+            steps,
+        )
 
     def evaluation(self, metrics: dict, *, seconds: float) -> dict:
         """An evaluation row (``evaluation.evaluate``'s metrics) for the current step, logged when not
@@ -167,7 +199,8 @@ def run_summary(
     evaluations and saves left out, ``outside_steps_s`` the time those took between steps; ``eval_s``: the
     evaluations' part of it, this process's rows' ``eval_s`` summed)."""
     history, eval_history = state.history, state.eval_history
-    last = history[-1] if history else {}
+    # the last row with a loss: steps without a target token have none (``health.no_targets``)
+    last = next((row for row in reversed(history) if not no_targets(row)), {})
     final_eval = eval_history[-1] if eval_history else {}
     return {
         "steps": total_steps,
