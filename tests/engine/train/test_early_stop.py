@@ -494,3 +494,32 @@ def test_a_run_early_stopping_judges_over_when_asked_again_is_finished_for_the_n
     assert unfinished_runs(base) == []
     longer = run_toy(toy_params(base, early_stopping={"patience": 50}, **{**settings, "max_steps": 14}))
     assert longer.summary["resumed_from_step"] == 12 and longer.summary["steps_trained"] == 2
+
+
+def test_early_stopping_off_for_a_resume_and_on_again_counts_from_its_own_evaluations(tmp_path, caplog):
+    """Early stopping on (steps 1-4), off for a resumed run (5-8), on again for a later one (9-12): the run
+    without it trains and evaluates what early stopping never counted, so the record it was resumed with is
+    set aside (its checkpoints keep none, its best checkpoint no longer kept) and said; the run that turns it
+    on again counts from its own first evaluation, as a run turning it on for the first time does. Was: the
+    record of step 4 came back: its best (step 4) and count judged the evaluations of steps 10-12 as if the
+    4 steps between had not been trained, ended the run at step 10 without an improvement, and returned
+    step 4's weights."""
+    from fastlm.engine.checkpoint.loading import read_checkpoint_state
+
+    first = run(tmp_path, max_steps=4, save_every=2, early_stopping={"patience": 5})
+    assert first.summary["early_stopping"]["best_step"] == 4
+    caplog.set_level("INFO", logger="fastlm")
+    run(tmp_path, max_steps=8, save_every=2, resume="auto", early_stopping={"patience": None})
+    (said,) = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
+    assert "train.early_stopping" in said and "step 4" in said and "\n" not in said, said
+    assert read_checkpoint_state(latest_checkpoint(tmp_path / "checkpoints"))["early_stopping"] == {}
+    assert not (tmp_path / "checkpoints" / "checkpoint-00000004").exists()  # keep_last 1: no best kept
+    steeper = {"lr": 3.0, "warmup_steps": 0, "decay": "constant"}  # step 10's loss above step 4's
+    again = run(
+        tmp_path, max_steps=12, save_every=2, resume="auto", early_stopping={"patience": 1}, optimizer=steeper
+    )
+    assert again.summary["steps_trained"] == 4 and again.summary["stopped_by"] is None
+    kept = again.summary["early_stopping"]
+    losses = {row["step"]: row["val_loss"] for row in again.eval_history}
+    assert losses[10] > losses[4]  # what the stale record judged as no improvement
+    assert kept["best_step"] == min((10, 12), key=losses.get) == kept["model_from_step"]

@@ -97,7 +97,8 @@ def test_restore_continues_the_newest_complete_checkpoint_with_its_weights_and_p
     torn.mkdir()
     (torn / "model.safetensors").write_bytes(b"half a file")
 
-    resumed = checkpointer(tmp_path, keep_last=3, seed=1)  # other initial weights
+    # other initial weights; early stopping on, as the record's run had it
+    resumed = checkpointer(tmp_path, keep_last=3, seed=1, early_stopping={"patience": 2})
     restored = resumed.restore()
     assert restored.step == restored.first_step == 4 and restored.resumed_from == checkpoint_dir(
         resumed.root, 4
@@ -108,8 +109,10 @@ def test_restore_continues_the_newest_complete_checkpoint_with_its_weights_and_p
         and restored.last_good == restored.resumed_from
     )
     assert restored.history == [{"step": 2, "loss": 3.0}]
-    # the best step stays protected after a resume
+    # the best step stays protected after a resume; not where early stopping is off (its record set aside)
     assert resumed.protected == checkpoint_dir(resumed.root, 2)
+    without = checkpointer(tmp_path, keep_last=3, seed=1)
+    assert without.restore().step == 4 and without.protected is None
     for name, tensor in resumed.model.state_dict().items():
         assert torch.equal(tensor, weights[name]), name  # the saved tensors, read back
 

@@ -637,9 +637,25 @@ def _recorder(
 
 def _early_stopping(params: TrainParams, state: TrainState, total_steps: int) -> EarlyStopping | None:
     """The run's early stopping (None: off); a warning where the run evaluates too few times for it to act:
-    the first evaluation sets the best and ``patience`` more can end the run, before its last step only."""
+    the first evaluation sets the best and ``patience`` more can end the run, before its last step only.
+
+    Off in a run resumed from a checkpoint that holds early stopping's record: the record is set aside, said
+    once (this run's evaluations and weights are none of its count, and its best checkpoint is no longer
+    kept), so its checkpoints carry none and a later run that turns early stopping on again counts from its
+    own first evaluation, as one turning it on for the first time does."""
     settings = params.early_stopping
     if settings.patience is None:
+        if state.early_stopping:
+            record, state.early_stopping = state.early_stopping, {}
+            best = record.get("best_step")
+            log.info(
+                "train.early_stopping is off for this run: the early-stopping record of %s (%s) is set "
+                "aside, and its best checkpoint no longer kept past train.keep_last; the model is the last "
+                "step's. Turned on again in a later run, early stopping counts from that run's first "
+                "evaluation.",
+                state.resumed_from,
+                f"best step {best}" if best is not None else "no best yet",
+            )
         return None
     every = params.eval_every or total_steps
     evaluations = total_steps // every + (1 if total_steps % every else 0)

@@ -194,15 +194,16 @@ class Checkpointer:
         (``best_checkpoint``, relative to the folder's run folder: another run's, for a run continued from
         one of its checkpoints), else beside it (a checkpoint written before the place was recorded). Gone
         while early stopping is on: refused in one line (the run would train, then fail to load the model
-        it returns)."""
+        it returns). None with early stopping off: the run sets the record aside (``build``), and keeps
+        no best."""
         best_step = record.get("best_step")
-        if best_step is None:
+        if best_step is None or self.params.early_stopping.patience is None:
             return None
         best = checkpoint_dir(folder.parent, best_step)
         recorded = record.get("best_checkpoint")
         if isinstance(recorded, str) and Path(recorded).name == best.name:
             best = Path(os.path.normpath(folder.parent / recorded))
-        if self.params.early_stopping.patience is not None and not best.is_dir():
+        if not best.is_dir():
             raise CheckpointError(
                 f"checkpoint {folder} records step {best_step} as early stopping's best, but {best} is gone: "
                 "the model this run would return is not on disk.",
