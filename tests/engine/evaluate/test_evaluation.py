@@ -439,6 +439,53 @@ def test_worst_samples_of_an_encoder_decoder_say_what_its_loss_scored(mode):
     assert worst["scored_tokens"].sum() == report.metrics["target_tokens"]
 
 
+@pytest.mark.parametrize("mode", ["length_grouped", "packed"])
+def test_an_encoder_decoders_one_token_sample_is_scored_and_every_worst_sample_is_named_right(mode):
+    """An encoder-decoder sample of one token (an empty prompt, the response its EOS alone) still has
+    targets: its decoder row is the tokenizer's head and that EOS. The worst samples resolved the i-th
+    scored segment to the i-th sample of at least 2 tokens, a causal LM's rule: that sample was left out
+    and every later one named as its neighbour (sample 0 twice, sample 3 missing, their losses swapped)."""
+    from fastlm.corpus.prompts import tokenize_pairs
+    from fastlm.engine.data.collators import TextEnds
+    from tests.support.tiny_seq2seq import bart_style_tokenizer, tiny_seq2seq
+
+    tokenizer = bart_style_tokenizer()
+    texts = _texts(24, 9)
+    tokens = tokenize_pairs(texts[:12], texts[12:], tokenizer, max_length=MAX_LENGTH, num_proc=1)
+    plain = TokenSequences.from_arrow(tokens.to_arrow(), text_ends=TextEnds.of(tokenizer))
+    rows = [plain[i].tolist() for i in range(len(plain))]
+    prompts = list(plain.prompt_lengths)
+    rows.insert(3, [tokenizer.eos_token_id])  # no prompt token, the response its EOS
+    prompts.insert(3, 0)
+    lengths = np.array([len(row) for row in rows])
+    data = TokenSequences(
+        np.concatenate(rows), np.concatenate([[0], np.cumsum(lengths)]), np.array(prompts),
+        text_ends=plain.text_ends,
+    )  # fmt: skip
+    model = tiny_seq2seq("bart")
+    model.resize_token_embeddings(len(tokenizer))
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    params = parse_train_params(
+        {"batching": {"mode": mode, "micro_batch_size": 4}, "runtime": {"device": "cpu"}}
+    )
+    report = evaluate(
+        model, data, params=params, runtime=runtime, tokenizer=tokenizer, max_length=MAX_LENGTH,
+        attn="sdpa", options=EvalOptions(analysis=True, worst=len(data)),
+    )  # fmt: skip
+    worst = report.worst_samples
+    assert sorted(worst["sample"]) == list(range(len(data)))  # each sample once, the one-token one too
+    assert worst["scored_tokens"].sum() == report.metrics["target_tokens"]
+    for row in worst.itertuples():  # each row's loss is its own sample's, evaluated alone
+        alone = TokenSequences(np.asarray(rows[row.sample]), np.array([0, len(rows[row.sample])]),
+                               np.array([prompts[row.sample]]), text_ends=plain.text_ends)  # fmt: skip
+        own = evaluate(
+            model, alone, params=params, runtime=runtime, tokenizer=tokenizer, max_length=MAX_LENGTH,
+            attn="sdpa",
+        )  # fmt: skip
+        # fp32 sums of a few dozen per-token losses in another batch shape: agree to float rounding
+        assert row.loss == pytest.approx(own.metrics["loss"], rel=1e-4), row.sample
+
+
 def _out_of_memory_above(monkeypatch, rows: int) -> list[int]:
     """evaluate's forward fails like a CUDA out-of-memory error on a batch of more than ``rows`` rows; the
     rows of every batch it was given, in order."""

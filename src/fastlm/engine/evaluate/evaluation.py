@@ -18,9 +18,10 @@ the end:
   segment ids (``sequence_ids`` of packed rows, where padding tails are segments without targets; the row
   of padded batches), the batch's ``worst`` are kept with ``torch.topk`` and merged into a running top list.
 
-A sample of a single token has no target, hence no mean loss: it never appears among the worst samples.
-The i-th segment having targets is the i-th sample of the batch with at least 2 tokens (collators keep the
-sampler's order), so sample indices are resolved on the host at the end, with no per-sample loop.
+A causal LM's sample of a single token has no target, hence no mean loss: it never appears among the worst
+samples; an encoder-decoder's always has one (its decoder row: the tokenizer's head and the response, at
+least its EOS). The i-th segment having targets is the i-th sample of the batch that has one (collators keep
+the sampler's order), so sample indices are resolved on the host at the end, with no per-sample loop.
 
 Sample generations (the report's decoding settings) are ``generation.generate_samples``.
 """
@@ -314,7 +315,9 @@ def _one_pass(model, dataset: TokenSequences, params: TrainParams, setting: _Pas
         dataset, batch_sampler=sampler, collate_fn=NoneIfEmpty(collator), generator=loader_generator(0, 0)
     )
     errors = (
-        _ErrorAnalysis(dataset, device, top_k=options.top_k, worst=options.worst)
+        _ErrorAnalysis(
+            dataset, device, top_k=options.top_k, worst=options.worst, seq2seq=setting.sides is not None
+        )
         if options.analysis
         else None
     )
@@ -414,15 +417,19 @@ def _halved(error: BaseException, params: TrainParams, size: int, *, samples: in
 class _ErrorAnalysis:
     """Accuracy, top-k accuracy, wrong pairs and worst samples, accumulated on the device batch by batch."""
 
-    def __init__(self, dataset: TokenSequences, device: torch.device, *, top_k: int, worst: int):
+    def __init__(
+        self, dataset: TokenSequences, device: torch.device, *, top_k: int, worst: int, seq2seq: bool = False
+    ):
         self.dataset, self.device, self.top_k, self.worst = dataset, device, top_k, worst
+        # an encoder-decoder's decoder row always has a target; a causal LM's sample from its second token
+        self.min_length = 1 if seq2seq else 2
         zero = torch.zeros((), dtype=torch.int64, device=device)
         self.n_correct, self.n_topk = zero.clone(), zero.clone()
         self.worst_loss = torch.empty(0, dtype=torch.float32, device=device)
         self.worst_key = torch.empty(0, dtype=torch.int64, device=device)
         self.worst_score = torch.empty(0, dtype=torch.float32, device=device)
         self.counter: _PairCounter | None = None
-        # per batch, in order: indices of its samples with a target (>= 2 tokens)
+        # per batch, in order: indices of its samples with a target (``min_length`` tokens or more)
         self.scored: list[np.ndarray] = []
         self.n_scored = 0
 
@@ -484,7 +491,7 @@ class _ErrorAnalysis:
             )
 
         indices = np.asarray(indices, dtype=np.int64)
-        indices = indices[self.dataset.lengths[indices] >= 2]
+        indices = indices[self.dataset.lengths[indices] >= self.min_length]
         self.scored.append(indices)
         self.n_scored += indices.size
         return token_loss.sum(dtype=torch.float64), valid.sum()
