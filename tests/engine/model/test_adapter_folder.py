@@ -778,3 +778,25 @@ def test_the_tokenizer_command_is_one_shell_word_though_a_path_holds_a_quote(tmp
         f"AutoTokenizer.from_pretrained({json.dumps(base)}).save_pretrained({json.dumps(str(folder))})"
         in words[2]
     )
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "embed_tokens"], ["embed_tokens", "lm_head"]])
+def test_an_adapter_on_the_input_embedding_saves_and_merges_into_the_model_it_trained(
+    tmp_path, base_dir, tokenizer, targets
+):
+    """``target_modules`` naming ``embed_tokens`` (peft's LoRA Embedding wraps it): the save read
+    ``num_embeddings`` of that wrapper, which has none, and every such training ended in an AttributeError
+    traceback after its last step (its model never written, the same again on each rerun). It saves, and
+    the folder merges into the function the model computed."""
+    params = parse_train_params({"model": model_params(base_dir, target_modules=targets)}).model
+    model = build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    with torch.no_grad():  # every adapter away from its start (an embedding adapter's A starts at 0)
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    adapter_folder.save_adapter(model, tmp_path / "adapter")
+    ids = torch.randint(0, len(tokenizer), (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        trained = model.eval()(input_ids=ids).logits
+        merged = adapter_folder.merge_adapter(tmp_path / "adapter").eval()
+        torch.testing.assert_close(merged(input_ids=ids).logits, trained, atol=MERGED_ADAPTER_ATOL, rtol=0)

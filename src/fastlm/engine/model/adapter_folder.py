@@ -192,8 +192,10 @@ def _say_grown_embedding(peft_model, folder: Path) -> None:
         before = written.get("vocab_size") or (written.get("text_config") or {}).get("vocab_size")
     except (OSError, ValueError, AttributeError):
         return
-    size = peft_model.get_input_embeddings().num_embeddings
-    if isinstance(before, int) and size > before:
+    embedding = peft_model.get_input_embeddings()
+    # an adapter on the embedding (target_modules naming embed_tokens): peft's LoRA Embedding wraps the table
+    size = getattr(getattr(embedding, "base_layer", embedding), "num_embeddings", None)
+    if isinstance(before, int) and isinstance(size, int) and size > before:
         log.warning(
             "The adapter in %s trained an embedding grown from %d to %d tokens "
             "(train.model.resize_embeddings): transformers' AutoModelForCausalLM.from_pretrained and "
