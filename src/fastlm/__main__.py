@@ -65,10 +65,11 @@ def merge_adapter_command(argv: list[str]) -> int:
 
     try:
         adapter, out = Path(args.adapter), Path(args.out)
-        if not (adapter / "adapter_config.json").is_file():
+        _check_adapter(adapter)
+        if out.exists() and not out.is_dir():
             raise InputDataError(
-                f"{adapter} is not a LoRA adapter folder (no adapter_config.json).",
-                fix="point --adapter at the model folder of a run with train.model.lora.enabled: true.",
+                f"--out {out} is a file, not a folder: the merged model is a folder of files.",
+                fix="choose a folder for --out (a new one, or an existing one with --overwrite).",
             )
         for role, folder in _read_folders(adapter, args.base):
             if out.resolve() == folder.resolve():
@@ -86,6 +87,28 @@ def merge_adapter_command(argv: list[str]) -> int:
         return error.exit_code
     print(f"Merged {adapter} into a full {dtype} model at {out}")
     return 0
+
+
+def _check_adapter(adapter: Path) -> None:
+    """One line where ``--adapter`` is no LoRA adapter folder: missing, a training checkpoint (kept for
+    resuming its run), or a folder without adapter_config.json."""
+    from fastlm.engine.checkpoint.layout import MARKER
+    from fastlm.errors import InputDataError
+
+    fix = "point --adapter at the model folder of a run with train.model.lora.enabled: true."
+    if (adapter / "adapter_config.json").is_file():
+        return
+    if not adapter.exists():
+        raise InputDataError(f"--adapter {adapter} does not exist.", fix=fix)
+    if adapter.name.startswith("checkpoint-") and (adapter / MARKER).is_file():
+        run = adapter.parent.name
+        raise InputDataError(
+            f"--adapter {adapter} is a checkpoint of the training {run} (weights, optimizer and state kept "
+            "for resuming it), not an adapter folder.",
+            fix=f"merge the model folder that training saved (data/06_models/runs/{run}/model in the "
+            f"project), or finish it first (kedro run --pipeline=train --params run_name={run}).",
+        )
+    raise InputDataError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).", fix=fix)
 
 
 def _read_folders(adapter: Path, base: str | None) -> list[tuple[str, Path]]:

@@ -800,3 +800,33 @@ def test_an_adapter_on_the_input_embedding_saves_and_merges_into_the_model_it_tr
         trained = model.eval()(input_ids=ids).logits
         merged = adapter_folder.merge_adapter(tmp_path / "adapter").eval()
         torch.testing.assert_close(merged(input_ids=ids).logits, trained, atol=MERGED_ADAPTER_ATOL, rtol=0)
+
+
+def test_merge_adapter_given_a_file_as_out_a_missing_adapter_or_a_checkpoint_says_so_in_one_line(
+    tmp_path, base_dir, tokenizer, capsys
+):
+    """``--out`` naming an existing file (with or without ``--overwrite``): a NotADirectoryError traceback
+    from the check for a non-empty folder, the file kept; ``--adapter`` naming a folder that does not exist,
+    or a training checkpoint (the folder holding model.safetensors a user finds first), was "not a LoRA
+    adapter folder (no adapter_config.json)". One line each, exit 2, nothing written."""
+    from fastlm.__main__ import merge_adapter_command
+    from fastlm.engine.checkpoint.layout import MARKER
+
+    _, adapter = _adapter(tmp_path, base_dir, tokenizer)
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me", encoding="utf-8")
+    checkpoint = tmp_path / "checkpoints" / "lora1" / "checkpoint-00000006"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / MARKER).write_text("", encoding="utf-8")
+    (checkpoint / "model.safetensors").write_bytes(b"")
+    cases = [
+        (["--adapter", str(adapter), "--out", str(file)], f"--out {file} is a file"),
+        (["--adapter", str(adapter), "--out", str(file), "--overwrite"], f"--out {file} is a file"),
+        (["--adapter", str(tmp_path / "gone"), "--out", str(tmp_path / "m")], "does not exist"),
+        (["--adapter", str(checkpoint), "--out", str(tmp_path / "m")], "checkpoint of the training lora1"),
+    ]
+    for argv, said in cases:
+        assert merge_adapter_command(argv) == 2, argv
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and said in lines[0] and "Fix:" in lines[0], lines
+    assert file.read_text(encoding="utf-8") == "keep me" and not (tmp_path / "m").exists()
