@@ -830,3 +830,26 @@ def test_merge_adapter_given_a_file_as_out_a_missing_adapter_or_a_checkpoint_say
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and said in lines[0] and "Fix:" in lines[0], lines
     assert file.read_text(encoding="utf-8") == "keep me" and not (tmp_path / "m").exists()
+
+
+def test_a_base_folder_that_holds_no_model_or_an_adapter_is_named_as_such(
+    tmp_path, base_dir, tokenizer, capsys
+):
+    """``merge-adapter --base`` naming a folder without a model (``conf``), or an adapter folder (the
+    adapter's own, another run's): "no longer holds the weights the adapter was trained on (21 of 21 weights
+    differ: lm_head.weight is gone, ...)", as if a base had been replaced; said for what it is, one line."""
+    from fastlm.__main__ import merge_adapter_command
+
+    _, adapter = _adapter(tmp_path, base_dir, tokenizer)
+    other = tmp_path / "other"
+    shutil.copytree(adapter, other)
+    empty = tmp_path / "conf"
+    empty.mkdir()
+    (empty / "parameters.yml").write_text("a: 1\n", encoding="utf-8")
+    for base, said in [(empty, "holds no model (no config.json)"), (other, "is a LoRA adapter folder")]:
+        argv = ["--adapter", str(adapter), "--base", str(base), "--out", str(tmp_path / "merged")]
+        assert merge_adapter_command(argv) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and f"base model folder {base}" in lines[0] and said in lines[0], lines
+        assert "no longer holds" not in lines[0] and "Fix:" in lines[0], lines
+    assert not (tmp_path / "merged").exists()

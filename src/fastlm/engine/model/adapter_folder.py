@@ -466,6 +466,7 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
             f"merge-adapter --adapter {folder} --base <new folder> --out <merged>, then use the merged model "
             "(predict.model=<merged>).",
         )
+    _check_holds_a_model(folder, base)
     check_base(folder, base)
     args = {"local_files_only": True, "dtype": torch.float32, **load_args}
     checkpoint = pretrained.inspect_checkpoint(
@@ -495,6 +496,26 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
     if tied and all(torch.equal(weight(target), weight(source)) for target, source in tied.items()):
         _set_tied(merged, tied, True)  # no adapter on any of them: one tensor again, saved once
     return merged
+
+
+def _check_holds_a_model(folder: str | Path, base: str | Path) -> None:
+    """One line where the base folder of the adapter in ``folder`` is no model folder: a LoRA adapter folder
+    (``--base`` naming the adapter itself or another run's), or a folder without ``config.json``."""
+    fix = (
+        "pass the folder of the base model the adapter trained on (config.json and weights): python -m "
+        f"fastlm merge-adapter --adapter {folder} --base <dir> --out <merged>."
+    )
+    if is_adapter_folder(base):
+        raise ConfigError(
+            f"the base model folder {base} of the LoRA adapter in {folder} is a LoRA adapter folder "
+            "(adapter_config.json), not a base model.",
+            fix=fix,
+        )
+    if not (Path(base) / "config.json").is_file():
+        raise ConfigError(
+            f"the base model folder {base} of the LoRA adapter in {folder} holds no model (no config.json).",
+            fix=fix,
+        )
 
 
 def _tied_weights(model) -> dict[str, str]:
