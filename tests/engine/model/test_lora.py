@@ -497,6 +497,30 @@ def test_every_named_lora_module_must_exist_in_the_model(
     assert "\n" not in message and "Fix:" in message
 
 
+@pytest.mark.parametrize(
+    ("lora_settings", "both"),
+    [
+        ({"target_modules": ["q_proj"], "modules_to_save": ["q_proj"]}, "q_proj"),
+        ({"target_modules": ["q_proj", "v_proj"], "modules_to_save": ["q_proj"]}, "q_proj"),
+        ({"target_modules": "auto", "modules_to_save": ["down_proj", "lm_head"]}, "down_proj"),
+    ],
+)
+def test_a_module_named_both_to_adapt_and_to_train_in_full_is_refused_in_one_line(
+    base_dir, tokenizer, lora_settings, both
+):
+    """peft gives ``modules_to_save`` the precedence: a module named in both is trained in full, not adapted.
+    Every target in it: peft's "No modules were targeted for adaptation", with the fix "set target_modules to
+    auto or to Linear module names" (q_proj is one); some of them (auto's projections among them): those
+    trained in full without a word. One line names the module and the two ways out."""
+    params = parse_train_params({"model": model_params(base_dir, **lora_settings)}).model
+    with pytest.raises(ConfigError) as error:
+        build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    message = str(error.value)
+    assert "\n" not in message and "Fix:" in message, message
+    assert f"train.model.lora.target_modules and train.model.lora.modules_to_save both name {both}" in message
+    assert "auto or to Linear module names" not in message, message
+
+
 def test_lora_names_match_as_peft_matches_them_and_the_log_lists_the_adapted_modules(
     base_dir, tokenizer, caplog
 ):

@@ -185,6 +185,34 @@ def check_named_modules(model, lora: LoraParams) -> None:
                 fix=f"name modules the model has (e.g. {listed}) in {PARAM}.{param}"
                 + (", or set it to auto." if param == "target_modules" else ", or remove the missing names."),
             )
+    _refuse_adapted_and_saved(model, lora, named)
+
+
+def _refuse_adapted_and_saved(model, lora: LoraParams, named: list[str]) -> None:
+    """One line where a module is both a LoRA target (listed, or one of ``auto``'s) and saved in full
+    (``modules_to_save``): peft trains it in full and leaves it unadapted (``modules_to_save`` takes
+    precedence), silently, or, where every target is one, with its "No modules were targeted for
+    adaptation"."""
+    targets = target_modules(model, lora.target_modules)
+    if not lora.modules_to_save or not isinstance(targets, list):  # all-linear / a pattern: peft's own rules
+        return
+    both = [
+        module
+        for module in named
+        if any(_matches_target(name, module) for name in targets)
+        and any(_matches_saved(name, module) for name in lora.modules_to_save)
+    ]
+    if not both:
+        return
+    found = list(dict.fromkeys(module.rsplit(".", 1)[-1] for module in both))
+    names, it = ", ".join(found), "it" if len(found) == 1 else "them"
+    listed = "" if isinstance(lora.target_modules, list) else f" (auto is {', '.join(targets)})"
+    raise ConfigError(
+        f"{PARAM}.target_modules and {PARAM}.modules_to_save both name {names}: peft would train {it} in "
+        f"full and save {it}, with no adapter (modules_to_save takes precedence).",
+        fix=f"leave {names} out of {PARAM}.modules_to_save to adapt {it}, or list {PARAM}.target_modules "
+        f"without {it}{listed} to train {it} in full.",
+    )
 
 
 def _adaptable_names(model) -> list[str]:
