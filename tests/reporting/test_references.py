@@ -441,26 +441,12 @@ def test_an_encoder_decoder_is_asked_every_new_token_its_decoder_positions_hold(
     token, the forced BOS and every new token but the last, which is never fed back. One more runs past the
     last position (IndexError from the position embedding) and is refused in one line. Was: 32 refused as
     needing 33 positions (31 with a forced BOS as needing 33), an off-by-one that refused what generates."""
-    from transformers import BartConfig, BartForConditionalGeneration
 
     from fastlm.errors import ConfigError
     from fastlm.reporting.predict_inputs import input_limit
-    from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
     eos = bpe_tokenizer.eos_token_id
-    torch.manual_seed(0)
-    model = BartForConditionalGeneration(
-        BartConfig(
-            vocab_size=len(bpe_tokenizer),
-            **{**SMALL_BART_LAYERS, "max_position_embeddings": 32},
-            pad_token_id=bpe_tokenizer.pad_token_id,
-            eos_token_id=eos,
-            bos_token_id=eos,
-            decoder_start_token_id=eos,
-            forced_bos_token_id=None,
-            forced_eos_token_id=None,
-        )
-    ).eval()
+    model = _bart_of_32_positions(bpe_tokenizer, forced_eos=False)
     model.generation_config.forced_bos_token_id = (eos + 1) % len(bpe_tokenizer) if forced_bos else None
     most = 32 - forced_bos
     prompt = torch.tensor([[5, 6, 7]])
@@ -486,27 +472,13 @@ def test_an_encoder_decoder_forcing_its_eos_is_asked_what_its_decoder_positions_
     default) generates that EOS after the new tokens asked for, every one of them fed back: 31 new tokens
     fit (30 beside a forced BOS), and one more is refused in one line, not an IndexError from the position
     embedding part way through the rows."""
-    from transformers import BartConfig, BartForConditionalGeneration
 
     from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
     from fastlm.errors import ConfigError
     from fastlm.reporting.predict_inputs import input_limit
-    from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
     eos = bpe_tokenizer.eos_token_id
-    torch.manual_seed(0)
-    model = BartForConditionalGeneration(
-        BartConfig(
-            vocab_size=len(bpe_tokenizer),
-            **{**SMALL_BART_LAYERS, "max_position_embeddings": 32},
-            pad_token_id=bpe_tokenizer.pad_token_id,
-            eos_token_id=eos,
-            bos_token_id=eos,
-            decoder_start_token_id=eos,
-            forced_bos_token_id=None,
-            forced_eos_token_id=eos,
-        )
-    ).eval()
+    model = _bart_of_32_positions(bpe_tokenizer, forced_eos=True)
     with torch.no_grad():
         model.final_logits_bias[0, eos] = -1e4  # no row ends before the limit
     assert model.generation_config.forced_eos_token_id == eos
@@ -529,3 +501,26 @@ def test_an_encoder_decoder_forcing_its_eos_is_asked_what_its_decoder_positions_
     assert f"need {most + 2 + forced_bos} decoder positions" in str(raised.value)
     assert "the forced EOS after them" in str(raised.value)
     assert f"lower predict.max_new_tokens to at most {most}." in str(raised.value)
+
+
+def _bart_of_32_positions(tokenizer, *, forced_eos: bool):
+    """A small BART of 32 positions starting its decoder at the EOS, no forced BOS, forcing its EOS at the
+    last position where ``forced_eos`` (BartConfig's default)."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
+
+    eos = tokenizer.eos_token_id
+    torch.manual_seed(0)
+    return BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=len(tokenizer),
+            **{**SMALL_BART_LAYERS, "max_position_embeddings": 32},
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=eos,
+            bos_token_id=eos,
+            decoder_start_token_id=eos,
+            forced_bos_token_id=None,
+            forced_eos_token_id=eos if forced_eos else None,
+        )
+    ).eval()
