@@ -309,9 +309,8 @@ class StepMetrics:
         record = {
             "step": step,
             "loss": loss_sum / target_tokens if target_tokens else float("nan"),  # no target: no loss
-            "target_tokens": int(
-                target_tokens
-            ),  # the window's (summed over ranks): 0 where no sample had one
+            # the window's (summed over ranks): 0 where no sample had one
+            "target_tokens": int(target_tokens),
             "grad_norm": grad_norm if self._has_grad_norm else None,
             "lr": float(self._lr) if self._lr is not None else None,  # a device rate (fp16, fused) read here
             "tokens_per_s": computed_tokens / window,
