@@ -278,6 +278,34 @@ def test_a_lora_checkpoint_written_before_the_init_setting_resumes_and_another_i
     assert digest(init="pissa") != digest(init="pissa_niter_4")
 
 
+def test_a_lora_checkpoint_continues_under_its_module_lists_written_in_another_order(tmp_path):
+    """``lora.target_modules`` and ``lora.modules_to_save`` name sets of modules (peft wraps them in the
+    model's own order, so the parameters and their AdamW moments keep their places): the same modules
+    written in another order are the same run; another module is another. Was: ``resume: auto`` started
+    fresh on ``[lm_head, embed_tokens]`` after ``[embed_tokens, lm_head]``."""
+    from fastlm.engine.checkpoint.resume import digest_differences, run_digest
+
+    def digest(**lora):
+        params = toy_params(tmp_path, **BASE)
+        model = params.model.model_copy(
+            update={"lora": params.model.lora.model_copy(update={"enabled": True, **lora})}
+        )
+        return run_digest(
+            toy_model(),
+            params.model_copy(update={"model": model}),
+            max_length=64,
+            data="d",
+            world_size=1,
+            sharded=False,
+        )
+
+    saved = digest(target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens", "lm_head"])
+    reordered = digest(target_modules=["v_proj", "q_proj"], modules_to_save=["lm_head", "embed_tokens"])
+    assert digest_differences(saved, reordered) == []
+    other = digest(target_modules=["q_proj", "k_proj"], modules_to_save=["embed_tokens", "lm_head"])
+    assert [line.split(" ")[0] for line in digest_differences(saved, other)] == ["model.lora"]
+
+
 def test_fsdp_in_one_process_trains_unsharded_says_so_and_a_sharded_checkpoint_is_no_other_run(
     tmp_path, caplog
 ):

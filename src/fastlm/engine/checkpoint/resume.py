@@ -230,12 +230,23 @@ def _order_seed(digest: dict) -> Any:
 
 def _same(key: str, saved: Any, now: Any) -> bool:
     """Digest fields equal; a model folder named two ways (absolute by an earlier fastlm, relative now) is
-    the same folder when both name it."""
+    the same folder when both name it; the adapter's module lists (``target_modules``, ``modules_to_save``)
+    in any order (sets of modules: peft wraps them in the model's order, the parameters keep their places)."""
     if saved == now:
         return True
+    if key == "model.lora" and isinstance(saved, dict) and isinstance(now, dict):
+        return _module_sets(saved) == _module_sets(now)
     if key != "model.source" or not isinstance(saved, str) or not isinstance(now, str):
         return False
     return Path(saved).expanduser().resolve() == Path(now).expanduser().resolve()
+
+
+def _module_sets(lora: dict) -> dict:
+    """An adapter's digest with its lists of module names as sorted lists (any order names the same set)."""
+    return {
+        key: sorted(value) if isinstance(value, list) and all(isinstance(v, str) for v in value) else value
+        for key, value in lora.items()
+    }
 
 
 BASE_WEIGHTS = "model.base_weights"
