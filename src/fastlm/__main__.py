@@ -71,6 +71,13 @@ def merge_adapter_command(argv: list[str]) -> int:
                 f"--out {out} is a file, not a folder: the merged model is a folder of files.",
                 fix="choose a folder for --out (a new one, or an existing one with --overwrite).",
             )
+        if args.base is not None and not Path(args.base).is_dir():
+            raise InputDataError(
+                f"--base {args.base} does not exist"
+                + (" as a folder (it is a file)." if Path(args.base).exists() else "."),
+                fix="give --base the folder that holds the adapter's base model (its config.json and "
+                "weights), or leave --base out to use the one the adapter records.",
+            )
         for role, folder in _read_folders(adapter, args.base):
             if out.resolve() == folder.resolve():
                 raise InputDataError(

@@ -832,6 +832,26 @@ def test_merge_adapter_given_a_file_as_out_a_missing_adapter_or_a_checkpoint_say
     assert file.read_text(encoding="utf-8") == "keep me" and not (tmp_path / "m").exists()
 
 
+def test_a_base_given_as_a_folder_that_does_not_exist_is_said_to_be_mistyped(
+    tmp_path, base_dir, tokenizer, capsys
+):
+    """``merge-adapter --base <typo>``: the folder the user typed does not exist. Said as the path given,
+    with the fix of giving the folder that holds the base. Was: "put the base model back there", the advice
+    for a recorded base that moved away."""
+    from fastlm.__main__ import merge_adapter_command
+
+    _, adapter = _adapter(tmp_path, base_dir, tokenizer)
+    gone = tmp_path / "nonexist"
+    assert (
+        merge_adapter_command(["--adapter", str(adapter), "--base", str(gone), "--out", str(tmp_path / "m")])
+        == 2
+    )
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"--base {gone} does not exist" in lines[0], lines
+    assert "put the base model back" not in lines[0] and "Fix:" in lines[0], lines
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_base_folder_that_holds_no_model_or_an_adapter_is_named_as_such(
     tmp_path, base_dir, tokenizer, capsys
 ):
