@@ -253,21 +253,10 @@ def test_a_lora_checkpoint_written_before_the_init_setting_resumes_and_another_i
     # PiSSA and OLoRA train over a changed base, which no checkpoint holds: adapters trained over one init's
     # base are no adapters for another's. A run at an init that leaves the base alone matches a checkpoint
     # written before the setting existed (its digest has no init).
-    from fastlm.engine.checkpoint.resume import digest_differences, run_digest
+    from fastlm.engine.checkpoint.resume import digest_differences
 
     def digest(**lora):
-        params = toy_params(tmp_path, **BASE)
-        model = params.model.model_copy(
-            update={"lora": params.model.lora.model_copy(update={"enabled": True, **lora})}
-        )
-        return run_digest(
-            toy_model(),
-            params.model_copy(update={"model": model}),
-            max_length=64,
-            data="d",
-            world_size=1,
-            sharded=False,
-        )
+        return _lora_digest(tmp_path, **lora)
 
     default = digest()
     assert "init" not in default["model.lora"]
@@ -283,21 +272,10 @@ def test_a_lora_checkpoint_continues_under_its_module_lists_written_in_another_o
     model's own order, so the parameters and their AdamW moments keep their places): the same modules
     written in another order are the same run; another module is another. Was: ``resume: auto`` started
     fresh on ``[lm_head, embed_tokens]`` after ``[embed_tokens, lm_head]``."""
-    from fastlm.engine.checkpoint.resume import digest_differences, run_digest
+    from fastlm.engine.checkpoint.resume import digest_differences
 
     def digest(**lora):
-        params = toy_params(tmp_path, **BASE)
-        model = params.model.model_copy(
-            update={"lora": params.model.lora.model_copy(update={"enabled": True, **lora})}
-        )
-        return run_digest(
-            toy_model(),
-            params.model_copy(update={"model": model}),
-            max_length=64,
-            data="d",
-            world_size=1,
-            sharded=False,
-        )
+        return _lora_digest(tmp_path, **lora)
 
     saved = digest(target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens", "lm_head"])
     reordered = digest(target_modules=["v_proj", "q_proj"], modules_to_save=["lm_head", "embed_tokens"])
@@ -538,3 +516,21 @@ def test_a_checkpoint_written_before_neftune_noise_alpha_was_recorded_still_resu
     assert digest_differences({"seed": 0, "model.neftune_noise_alpha": 0.0}, now) == [
         "model.neftune_noise_alpha 0.0 -> 5.0"
     ]
+
+
+def _lora_digest(tmp_path, **lora) -> dict:
+    """The resume digest of a LoRA run of the toy model with the adapter settings ``lora``."""
+    from fastlm.engine.checkpoint.resume import run_digest
+
+    params = toy_params(tmp_path, **BASE)
+    model = params.model.model_copy(
+        update={"lora": params.model.lora.model_copy(update={"enabled": True, **lora})}
+    )
+    return run_digest(
+        toy_model(),
+        params.model_copy(update={"model": model}),
+        max_length=64,
+        data="d",
+        world_size=1,
+        sharded=False,
+    )
