@@ -298,6 +298,15 @@ def test_runs_on_other_tokenized_data_are_marked_and_said_not_to_compare():
         runs.assign(**{"params.data.fingerprint": ["f" * 12, None, "f" * 12]}), current_run_id="a" * 32
     )
     assert "data" not in unknown and "other tokenized data" not in report_document(HISTORY, runs=unknown)[1]
+    # the reported run logged no fingerprint (an older training): the runs are judged against the newest
+    # that did, and the text names that run, not "this run"
+    unmarked = compare_runs(
+        runs.assign(**{"params.data.fingerprint": [None, "e" * 12, "f" * 12]}), current_run_id="a" * 32
+    )
+    assert unmarked["data"].tolist() == ["", "same", "other"], unmarked["data"].tolist()
+    text = report_document(HISTORY, runs=unmarked)[1]
+    assert "other tokenized data than the newest run that recorded its data" in text, text
+    assert "than this run" not in text
     assert "data" not in compare_runs(runs_frame(SPEED), current_run_id="a" * 32)
 
 

@@ -205,7 +205,15 @@ def data_note(table: pd.DataFrame) -> str:
     sentence each; "" where there are none."""
     if "data" not in table:
         return ""
-    reference = "this run" if "this run" in table and (table["this run"] == "◀").any() else "the newest run"
+    marked = table["this run"] == "◀" if "this run" in table else pd.Series(False, index=table.index)
+    # the runs are judged against the reported run where it logged its data (``_same_data``), else the newest
+    # run that did
+    if (marked & (table["data"] != "")).any():
+        reference = "this run"
+    elif marked.any():
+        reference = "the newest run that recorded its data"
+    else:
+        reference = "the newest run"
     said = []
     fold_runs = int((table["data"] == OTHER_TRAIN).sum())
     if fold_runs:
