@@ -888,16 +888,7 @@ def test_a_model_folder_whose_tokenizer_has_ids_past_its_embedding_is_refused_in
     LlamaForCausalLM(config).save_pretrained(folder)
     AutoTokenizer.from_pretrained(project / "data/06_models/model").save_pretrained(folder)
     before = sorted(p for p in (project / "data").rglob("*") if p.is_file())
-    with pytest.raises(Exception) as raised:
-        _run(
-            project,
-            input="data/01_raw/inputs.jsonl",
-            prompt_column="dialogue",
-            model=str(folder),
-            max_new_tokens=4,
-        )
-    error = find_user_error(raised.value)
-    assert isinstance(error, InputDataError) and "\n" not in str(error), repr(raised.value)
+    error = _refused_with(project, folder)
     assert str(folder) in str(error) and "100" in str(error) and "predict.model" in str(error)
     assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before
 
@@ -922,16 +913,7 @@ def test_a_model_folder_whose_tokenizer_has_no_eos_is_refused_in_one_line_leavin
     _run(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue", max_new_tokens=2)
     before = {p: p.read_bytes() for p in sorted((project / "data").rglob("*")) if p.is_file()}
     assert any("predict_parts" in str(p) for p in before)  # the earlier job's kept chunks
-    with pytest.raises(Exception) as raised:
-        _run(
-            project,
-            input="data/01_raw/inputs.jsonl",
-            prompt_column="dialogue",
-            model=str(folder),
-            max_new_tokens=4,
-        )
-    error = find_user_error(raised.value)
-    assert isinstance(error, InputDataError) and "\n" not in str(error), repr(raised.value)
+    error = _refused_with(project, folder)
     assert str(folder) in str(error) and "no EOS token" in str(error) and "Fix: set eos_token" in str(error)
     assert {p: p.read_bytes() for p in sorted((project / "data").rglob("*")) if p.is_file()} == before
 
@@ -1544,3 +1526,18 @@ def test_the_summary_names_the_dtype_the_models_weights_generate_in(project):
     _run(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue", max_new_tokens=2)
     summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
     assert summary["precision"] == "fp32" and summary["weights_dtype"] == "bfloat16", summary
+
+
+def _refused_with(project, folder):
+    """The one-line InputDataError of a predict job on the inputs with ``predict.model`` ``folder``."""
+    with pytest.raises(Exception) as raised:
+        _run(
+            project,
+            input="data/01_raw/inputs.jsonl",
+            prompt_column="dialogue",
+            model=str(folder),
+            max_new_tokens=4,
+        )
+    error = find_user_error(raised.value)
+    assert isinstance(error, InputDataError) and "\n" not in str(error), repr(raised.value)
+    return error
