@@ -619,6 +619,25 @@ def test_a_txt_file_splits_one_text_a_line_as_the_same_lines_in_json_lines(tmp_p
     pd.testing.assert_frame_equal(splits, same_splits)
 
 
+@pytest.mark.parametrize("ends", ["\r", "mixed"])
+def test_a_txt_file_whose_lines_end_in_a_lone_cr_reads_one_text_a_line(tmp_path, ends):
+    """A .txt saved with classic Mac line ends (a lone CR, as old Mac editors and Excel's "Text (Macintosh)"
+    write), or a file joined from such and LF ones, holds one text a line, as Python's universal newlines
+    and Hugging Face's ``text`` loader read it, and as the CSV reader reads the same lines. Was: a lone CR
+    ended no line, so the whole file (or each run of such lines) became one text of many lines."""
+    lines = [f"배송이 빨라요 {i}번째 리뷰입니다" for i in range(30)]
+    if ends == "\r":
+        data = "\r".join(lines) + "\r"
+    else:
+        data = "\n".join(lines[:10]) + "\r" + "\r".join(lines[10:20]) + "\r\n" + "\n".join(lines[20:]) + "\n"
+    (tmp_path / "lines.txt").write_bytes(data.encode("utf-8"))
+    (tmp_path / "same.jsonl").write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
+    clean, counts = nodes.clean_corpus(_read_raw(tmp_path / "lines.txt"), PARAMS)
+    same, _ = nodes.clean_corpus(_read_raw(tmp_path / "same.jsonl"), PARAMS)
+    assert counts["raw_rows"] == len(lines)
+    assert list(clean["text"]) == list(same["text"]) == lines
+
+
 def test_a_txt_file_for_another_text_column_or_for_pairs_names_its_one_column(tmp_path):
     (tmp_path / "lines.txt").write_text("one\ntwo\n", encoding="utf-8")
     for params in (

@@ -361,10 +361,11 @@ def as_frame(table, path: Path) -> pd.DataFrame:
 
 
 def read_text_lines(path: str | Path, parameter: str = RAW_PATH) -> list[str]:
-    """The lines of a text file (``.txt``, optionally compressed), one input each: split at ``\n`` alone
-    (``\r\n`` too), not at the other characters Python's ``splitlines`` takes for line ends (form feed,
-    U+2028 and the like, which stay inside their line), with a leading UTF-8 BOM dropped; decoded as
-    ``read_text_table`` decodes (Korean CP949 read, any other non-UTF-8 encoding named)."""
+    """The lines of a text file (``.txt``, optionally compressed), one input each: split at ``\n``, ``\r\n``
+    and a lone ``\r`` (classic Mac line ends), as Python's universal newlines (and so Hugging Face's ``text``
+    loader) and the CSV reader split, not at the other characters Python's ``splitlines`` takes for line
+    ends (form feed, U+2028 and the like, which stay inside their line), with a leading UTF-8 BOM dropped;
+    decoded as ``read_text_table`` decodes (Korean CP949 read, any other non-UTF-8 encoding named)."""
     path = Path(path)
     what, fix = ("raw data file" if parameter == RAW_PATH else parameter), _fix(parameter)
     if not path.is_file():
@@ -383,10 +384,12 @@ def read_text_lines(path: str | Path, parameter: str = RAW_PATH) -> list[str]:
             f"{str(exc).rstrip('.')}.",
             fix="check the file's compression matches its extension.",
         ) from exc
+    if "\r" in text:  # CRLF and a lone CR end a line as LF does
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()  # the file's last line ends with a newline
-    return [line.removesuffix("\r") for line in lines]
+    return lines
 
 
 def renamed(path: Path, kind: str) -> str:
