@@ -195,7 +195,7 @@ def test_a_failing_plain_pass_raises_with_the_original_layers(hopper):
     assert list(model.named_modules()) == originals
 
 
-def toy_run(tmp_path, float8_setting: str, model: nn.Module | None = None, **overrides):
+def toy_run(tmp_path, float8_setting: str, model: nn.Module | None = None, runtime_choices=None, **overrides):
     settings = {"max_steps": 4, "log_every": 1, "eval_every": None, **overrides}
     params = toy_params(tmp_path, runtime={"float8": float8_setting}, **settings)
     model = model or toy_model()
@@ -208,6 +208,7 @@ def toy_run(tmp_path, float8_setting: str, model: nn.Module | None = None, **ove
         pad_id=EOS,
         max_length=64,
         attn="sdpa",
+        runtime_choices=runtime_choices,
     )
     return model, result
 
@@ -259,3 +260,81 @@ def test_a_resumed_training_run_keeps_float8_as_measured(tmp_path, rule_allows, 
     model, resumed = toy_run(tmp_path, "auto", max_steps=4, save_every=2, resume="auto")
     assert resumed.history[-1]["step"] == 4 and resumed.runtime.float8 and converted(model)
     assert "kept from the resumed checkpoint" in resumed.runtime.float8_choice
+
+
+# float8 just above and just below its margin: what two runs of one command on one machine may measure
+ABOVE_S, BELOW_S = 1.0 / (FLOAT8_MIN_SPEEDUP + 0.02), 1.0 / (FLOAT8_MIN_SPEEDUP - 0.02)
+
+
+def test_the_same_command_twice_settles_float8_auto_alike_where_noise_would_flip_it(hopper, tmp_path):
+    """The first run's float8 timings are kept in the run's choices file (``runtime_choices.json``), as
+    ``compile: auto``'s are: the same command again decides from them, unmeasured, where its own timings
+    (under the margin) would train it with the plain layers, with other losses, after the first trained in
+    float8. Another precision or a compiled model is another measurement."""
+    from fastlm.engine.runtime.remembered import RememberedChoices
+
+    choices = RememberedChoices(tmp_path / "runtime_choices.json")
+
+    def settle(fp8_s: float, kept=choices, runtime=None):
+        model, calls = toy_model(), []
+        probed = probe_float8(
+            runtime or cuda_runtime(),
+            model,
+            BATCH,
+            Float8Probe("auto", choices=kept),
+            measure=timer(1.0, fp8_s, calls),
+        )
+        return probed, model, calls
+
+    first, model, calls = settle(ABOVE_S)
+    assert first.float8 and converted(model) and calls
+    alone = settle(BELOW_S, kept=None)[0]  # the second run's timings decide the other way on their own
+    assert not alone.float8
+    second, model, calls = settle(BELOW_S)
+    assert second.float8 and converted(model) and calls == []
+    assert f"({FLOAT8_MIN_SPEEDUP + 0.02:.2f}x; float8 needs" in second.float8_choice
+    assert f"kept from {choices.path}" in second.float8_choice and "delete it to measure again" in (
+        second.float8_choice
+    )
+    assert "on, 14 Linear layers in float8" in second.float8_choice
+    fp16, model, calls = settle(BELOW_S, runtime=replace(cuda_runtime(), precision="fp16"))
+    assert not fp16.float8 and not converted(model) and calls and "kept from" not in fp16.float8_choice
+    compiled, _, calls = settle(BELOW_S, runtime=replace(cuda_runtime(), compile=True))
+    assert not compiled.float8 and calls
+
+
+def test_kept_float8_timings_under_the_margin_keep_the_plain_layers_unmeasured(hopper, tmp_path):
+    from fastlm.engine.runtime.remembered import RememberedChoices
+
+    choices = RememberedChoices(tmp_path / "runtime_choices.json")
+    probe_float8(cuda_runtime(), toy_model(), BATCH, Float8Probe("auto", choices=choices),
+                 measure=timer(1.0, BELOW_S, []))  # fmt: skip
+    model, calls = toy_model(), []
+    originals = list(model.named_modules())
+    again = probe_float8(
+        cuda_runtime(), model, BATCH, Float8Probe("auto", choices=choices), measure=timer(1.0, ABOVE_S, calls)
+    )
+    assert not again.float8 and calls == [] and list(model.named_modules()) == originals
+    assert "original layers put back" not in again.float8_choice and "kept from" in again.float8_choice
+
+
+def test_a_training_run_again_keeps_float8_as_the_first_measured_it(tmp_path, rule_allows, monkeypatch):
+    """Through the training run: its choices file (``train(runtime_choices=...)``, the train node's
+    ``<train.checkpoint_dir>/runtime_choices.json``) keeps the float8 timings of its first micro-batch."""
+    forward_backward = probe.forward_backward_seconds
+    path = tmp_path / "runtime_choices.json"
+
+    def fp8_at(ratio: float):
+        def measure(model, batch, runtime):
+            forward_backward(model, batch, runtime)
+            return 1.0 / ratio if converted(model) else 1.0
+
+        return measure
+
+    monkeypatch.setattr(probe, "forward_backward_seconds", fp8_at(FLOAT8_MIN_SPEEDUP + 0.02))
+    model, first = toy_run(tmp_path / "a", "auto", runtime_choices=path)
+    assert first.runtime.float8 and converted(model)
+    monkeypatch.setattr(probe, "forward_backward_seconds", fp8_at(FLOAT8_MIN_SPEEDUP - 0.02))
+    model, second = toy_run(tmp_path / "b", "auto", runtime_choices=path)
+    assert second.runtime.float8 and converted(model) and "kept from" in second.runtime.float8_choice
+    assert [r["loss"] for r in first.history] == [r["loss"] for r in second.history]

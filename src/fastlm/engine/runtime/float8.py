@@ -19,7 +19,9 @@ Anything else is off, with the reason logged. ``on`` is refused in one line wher
 Where the rule passes, ``auto`` makes float8 a candidate, not a choice: the gain depends on the shapes, the
 batch and the GPU together (the casts are memory-bound, the matmuls compute-bound), so the training run
 measures it on its first micro-batch (``runtime.probe.probe_float8``) and keeps float8 only where it is
-faster by a margin (one process; several processes follow the rule, each rank would measure its own).
+faster by a margin (one process; several processes follow the rule, each rank would measure its own). Its
+timings are kept in the run's ``runtime_choices.json`` (``runtime.remembered``): the same command again
+chooses alike, unmeasured.
 ``Float8Swap`` lets it measure both without converting twice or copying the model: it converts once and
 then swaps the plain and the float8 layers in and out of the model (both hold the same weight
 ``Parameter`` objects), so a reverted model holds exactly its original modules again. The throughput

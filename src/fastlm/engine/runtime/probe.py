@@ -40,9 +40,12 @@ it (compute capability 8.9+, torchao, hidden size 2048+): the first micro-batch 
 will step (compiled when the run compiles: each variant is compiled once, in its warm-up), with the plain
 Linear layers and then with float8 ones (``float8.Float8Swap``: converted once, then swapped, alternated over
 ``ROUNDS`` timed passes); float8 is kept when its best time is at least ``FLOAT8_MIN_SPEEDUP`` times faster,
-else the original layers go back in. A resumed run keeps its checkpoint's choice; a run of several processes
-follows the rule (each rank would measure its own). Measured on an H200 (2026-11-28): the eager 3B full
-fine-tune ran slower in float8 (torchao's casts unfused without compile) and kept its plain layers.
+else the original layers go back in. The best times are kept in the run's choices file, as compile's are
+(under a key of the machine, model, micro-batch shape, precision and compile settings): the same command again
+decides from them, unmeasured, where noise near the margin would flip it. A resumed run keeps its checkpoint's
+choice; a run of several processes follows the rule (each rank would measure its own). Measured on an H200
+(2026-11-28): the eager 3B full fine-tune ran slower in float8 (torchao's casts unfused without compile) and
+kept its plain layers.
 
 Measured and left out: pinning SDPA's math kernel on CPU. Its attention alone beats the default flash kernel
 on short bf16 rows (64 tokens: 42 against 59 ms per layer), but whole steps gained 1.01x on the 5.2 M shape
@@ -490,6 +493,9 @@ class Float8Probe:
     stepping: torch.nn.Module | None = field(default=None, compare=False)
     converter: Callable | None = None
     row_length: int | None = None
+    # where the measured timings are kept (engine.runtime.remembered; None: measured every run), as
+    # CompileProbe's: the same command twice decides alike where noise would flip a speedup near the margin
+    choices: RememberedChoices | None = None
 
 
 def probe_float8(
@@ -520,7 +526,7 @@ def probe_float8(
     elif batch is None:
         keep, reason, swap = False, "float8 auto: nothing left to train, nothing measured", None
     else:
-        keep, reason, swap = _measure_float8(
+        keep, reason, swap = _kept_or_measured_float8(
             runtime, model, batch, probe, measure or forward_backward_seconds
         )
     if keep:
@@ -530,13 +536,60 @@ def probe_float8(
     return replace(runtime, float8=keep, float8_choice=reason)
 
 
+def _kept_or_measured_float8(
+    runtime: Runtime, model: torch.nn.Module, batch: Mapping, probe: Float8Probe, measure: Measure
+) -> tuple[bool, str, float8.Float8Swap | None]:
+    """``_measure_float8``'s choice, kept in ``probe.choices`` (its best times, under a key of the machine,
+    model, micro-batch shape, precision and compile settings), or the one such kept times decide, unmeasured
+    (the layers converted where they keep float8). A failed float8 pass keeps nothing: the next run measures
+    again."""
+    if probe.choices is None:
+        return _measure_float8(runtime, model, batch, probe, measure)[:3]
+    key = {
+        **choice_key(runtime, model, batch),
+        "float8": {
+            "precision": runtime.precision,
+            "compile": runtime.compile,
+            "scope": runtime.compile_scope,
+            "mode": runtime.compile_mode,
+        },
+    }
+    earlier = probe.choices.get(key) or {}
+    timings = earlier.get("float8_seconds")
+    if isinstance(timings, dict) and all(
+        isinstance(timings.get(name), int | float) and math.isfinite(timings[name]) and timings[name] > 0
+        for name in ("plain", "fp8")
+    ):
+        keep, reason = _float8_or_plain(runtime.precision, timings["plain"], timings["fp8"])
+        reason += (
+            f"{KEPT}{probe.choices.path} (timed {earlier.get('measured')} on this machine for this model and "
+            "micro-batch shape; delete it to measure again)"
+        )
+        return keep, reason, float8.Float8Swap(model, probe.converter) if keep else None
+    keep, reason, swap, best = _measure_float8(runtime, model, batch, probe, measure)
+    if best:
+        probe.choices.put(key, {"float8_seconds": best})
+    return keep, reason, swap
+
+
+def _float8_or_plain(plain: str, plain_s: float, fp8_s: float) -> tuple[bool, str]:
+    """float8 where its best time beats the plain layers' by ``FLOAT8_MIN_SPEEDUP``; why, in words."""
+    speedup = plain_s / fp8_s
+    reason = (
+        f"float8 auto, measured on the first micro-batch: fp8 {fp8_s:.3f} s vs {plain} "
+        f"{plain_s:.3f} s ({speedup:.2f}x; float8 needs {FLOAT8_MIN_SPEEDUP}x)"
+    )
+    return speedup >= FLOAT8_MIN_SPEEDUP, reason
+
+
 def _measure_float8(
     runtime: Runtime, model: torch.nn.Module, batch: Mapping, probe: Float8Probe, measure: Measure
-) -> tuple[bool, str, float8.Float8Swap]:
+) -> tuple[bool, str, float8.Float8Swap, dict[str, float]]:
     """The plain layers' warm-up, one conversion and the float8 warm-up, then alternated timed rounds; the
     plain layers put back unless float8 is faster by ``FLOAT8_MIN_SPEEDUP``. A pass that fails with the
     float8 layers in turns float8 off, the error named (auto promises float8 only where it pays; the plain
-    layers train); one that fails with the plain layers raises, the plain layers back in the model."""
+    layers train); one that fails with the plain layers raises, the plain layers back in the model. The best
+    times (``plain`` and ``fp8``; none where a float8 pass failed) come last."""
     stepping = probe.stepping if probe.stepping is not None else model
     plain = runtime.precision
     swap = None
@@ -553,7 +606,7 @@ def _measure_float8(
 
                 return run
 
-            best = _alternated_best({plain: timed(False), "fp8": timed(True)})
+            best = _alternated_best({"plain": timed(False), "fp8": timed(True)})
         except Exception as error:
             in_float8 = swap is not None and swap.converted
             if swap is not None:
@@ -562,19 +615,14 @@ def _measure_float8(
                 raise
             first = str(error).splitlines()[0] if str(error) else ""
             failed = f"{FLOAT8_PASS_FAILED} ({type(error).__name__}: {first})"
-            return False, f"{failed}: off, the original layers put back", swap
+            return False, f"{failed}: off, the original layers put back", swap, {}
         except BaseException:  # Ctrl-C and the like: the plain layers back, and on its way
             if swap is not None:
                 swap.use(False)
             raise
-    speedup = best[plain] / best["fp8"]
-    keep = speedup >= FLOAT8_MIN_SPEEDUP
+    keep, reason = _float8_or_plain(plain, best["plain"], best["fp8"])
     swap.use(keep)
-    reason = (
-        f"float8 auto, measured on the first micro-batch: fp8 {best['fp8']:.3f} s vs {plain} "
-        f"{best[plain]:.3f} s ({speedup:.2f}x; float8 needs {FLOAT8_MIN_SPEEDUP}x)"
-    )
-    return keep, reason if keep else f"{reason}: off, the original layers put back", swap
+    return keep, reason if keep else f"{reason}: off, the original layers put back", swap, best
 
 
 def _alternated_best(candidates: dict[str, Callable[[], float]]) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """Measured runtime choices kept per machine, model and micro-batch shape (``runtime.precision: auto`` on a
-CPU, ``probe.probe_runtime``).
+CPU, ``probe.probe_runtime``; ``compile: auto``'s and ``float8: auto``'s timings too, under keys of their
+own).
 
 The probe times fp32 and bf16 on the run's first micro-batch and keeps bf16 at ``probe.MIN_SPEEDUP`` or
 more. Where the two sit near that margin, run-to-run noise decided: the same command on the same data trained

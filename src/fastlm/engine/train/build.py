@@ -310,6 +310,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
             applied=opt.float8_choice,
             row_length=params.batching.fixed_row_length(),
             stepping=model if comm.world_size == 1 else None,
+            choices=_choices(request),
         ),
         world_size=comm.world_size,
         resumed=resumed_choice,
@@ -431,11 +432,7 @@ def _probed_runtime(
         world_size=world,
         resumed=state.runtime_choice,
         compile_probe=compile_probe,
-        choices=(
-            RememberedChoices(Path(request.runtime_choices))
-            if request.runtime_choices is not None and world == 1
-            else None
-        ),
+        choices=_choices(request),
     )
     state.runtime_choice = probed.record()
     if runtime.compile and compiled_attn != attn:
@@ -454,6 +451,14 @@ def _probed_runtime(
         else runtime.compile_model(wrapped)
     )
     return runtime, attn, model
+
+
+def _choices(request: TrainRequest) -> RememberedChoices | None:
+    """Where the probes keep what they measured (``engine.runtime.remembered``): one process only (several
+    follow the rules, each rank alike)."""
+    if request.runtime_choices is None or request.comm.world_size > 1:
+        return None
+    return RememberedChoices(Path(request.runtime_choices))
 
 
 def _float8_may_train(params: TrainParams, model: torch.nn.Module, device: torch.device) -> bool:
