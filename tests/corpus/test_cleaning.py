@@ -95,3 +95,57 @@ def test_an_invisible_mark_inside_decomposed_text_leaves_it_nfc_and_a_duplicate(
     assert kept.tolist() == composed
     assert drops["duplicate"] == len(marked)
     assert all(unicodedata.is_normalized("NFC", text) for text in kept)
+
+
+def test_texts_that_differ_only_in_the_spaces_inside_a_line_are_one_text():
+    """Texts that read the same, one written with a no-break space (web text's &nbsp;), an ideographic or
+    narrow space, a tab, two spaces or spaces around a line end: one text, its first occurrence kept as
+    written and the others counted as duplicates (they were kept each, and by their own hash keys could lie
+    in train and in test). The lines of a text stay its own: another number of line ends is another text."""
+    first = "배송이 빨라요 정말 좋아요"
+    lines = "첫 줄\n둘째 줄"
+    values = pd.Series(
+        [
+            first,
+            "배송이  빨라요 정말 좋아요",
+            "배송이\u00a0빨라요 정말 좋아요",
+            "배송이\u3000빨라요\t정말\u202f좋아요",
+            "Fast  delivery",
+            "Fast\u00a0delivery",
+            lines,
+            "첫 줄 \n 둘째 줄",
+            "첫 줄\t\n둘째 줄",
+            "첫 줄\n\n둘째 줄",
+        ]
+    )
+    kept, drops = clean_texts(values)
+    assert kept.tolist() == [first, "Fast  delivery", lines, "첫 줄\n\n둘째 줄"]
+    assert drops["duplicate"] == 6
+
+
+def test_pairs_and_chats_that_differ_only_in_the_spaces_inside_a_line_are_one_row():
+    """A prompt/response pair or a chat whose texts differ from an earlier one's only in the spaces inside a
+    line is that row again: counted a duplicate, not a second row the hash split may put in another split."""
+    from fastlm.corpus.cleaning import clean_pairs
+    from fastlm.corpus.prompts import clean_messages
+
+    kept, drops = clean_pairs(
+        pd.Series(["대화 내용 요약", "대화\u00a0내용  요약", "대화 내용 요약"]),
+        pd.Series(["짧은 요약", "짧은\t요약", "다른 요약"]),
+    )
+    assert kept.to_dict("records") == [
+        {"prompt": "대화 내용 요약", "response": "짧은 요약"},
+        {"prompt": "대화 내용 요약", "response": "다른 요약"},
+    ]
+    assert drops["duplicate"] == 1
+    chats = pd.Series(
+        [
+            [{"role": "user", "content": "배송 언제 와요?"}, {"role": "assistant", "content": "내일 와요"}],
+            [
+                {"role": "user", "content": "배송\u00a0언제  와요?"},
+                {"role": "assistant", "content": "내일\u3000와요"},
+            ],
+        ]
+    )
+    kept, drops = clean_messages(chats)
+    assert len(kept) == 1 and drops["duplicate"] == 1

@@ -1,4 +1,5 @@
 import numpy as np
+import pandas as pd
 
 from fastlm.corpus.splitting import SPLITS, assign_splits, cap_rows, text_keys
 
@@ -36,3 +37,19 @@ def test_cap_is_deterministic_and_independent_of_row_order(sample_texts):
     assert list(cap_rows(keys, None)) == list(range(len(sample_texts)))
     positions = cap_rows(keys, 100)
     assert list(positions) == sorted(positions)  # original order kept
+
+
+def test_a_text_written_with_single_spaces_keeps_its_split_and_its_variants_share_it():
+    """The split key is the text with the spaces inside each line made single spaces: a text written so
+    (most texts) keys on itself as before, its split unchanged; a variant (a no-break space, two spaces, a
+    tab) keys on the same text and so lies in the same split."""
+    from fastlm.corpus.config import parse_split_params
+    from fastlm.corpus.split_steps import split_rows
+
+    texts = [f"배송이 빨라요 {i}번째 리뷰\n둘째 줄 {i}" for i in range(200)]
+    config = parse_split_params({"ratios": {"train": 0.5, "validation": 0.25, "test": 0.25}})
+    splits, _, codes = split_rows(pd.DataFrame({"text": texts}), config)
+    assert codes.tolist() == assign_splits(text_keys(texts)[:, 0], 0.5, 0.25, 0.25).tolist()
+    variants = [text.replace(" ", "\u00a0", 1).replace(" ", "  ", 1).replace("\n", " \n\t") for text in texts]
+    _, _, variant_codes = split_rows(pd.DataFrame({"text": variants}), config)
+    assert variant_codes.tolist() == codes.tolist()

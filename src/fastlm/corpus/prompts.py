@@ -59,7 +59,13 @@ import pandas as pd
 
 from fastlm.corpus.chat_spans import answer_spans, kept_answer_ranges, prompt_ids_and_answer_ranges
 from fastlm.corpus.chat_template import RESPONSE_ROLE, apply_template, has_chat_template, unwritten_roles
-from fastlm.corpus.cleaning import DROP_REASONS, classify_values, clean_pairs
+from fastlm.corpus.cleaning import (
+    DROP_REASONS,
+    classify_values,
+    clean_pairs,
+    line_spaces_key,
+    line_spaces_keys,
+)
 from fastlm.corpus.shards import shard_row
 from fastlm.corpus.sharegpt import role_content_chats
 from fastlm.corpus.tokenization import (
@@ -165,7 +171,9 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         {
             "prompt": [render_prompt(text, config.prompt_template) for text in pairs["prompt"]],
             "response": pairs["response"],
-            "split_key": pairs["prompt"] + KEY_SEPARATOR + pairs["response"],
+            "split_key": line_spaces_keys(pairs["prompt"])
+            + KEY_SEPARATOR
+            + line_spaces_keys(pairs["response"]),
         }
     )
     return frame, drops
@@ -512,7 +520,7 @@ def clean_messages(values: pd.Series, tools: list | None = None) -> tuple[pd.Dat
 def _turn_key(message: Mapping) -> str:
     """A cleaned turn as its part of the split key: role and content, and its tool fields (keys sorted)."""
     fields = {key: value for key, value in message.items() if key not in ("role", "content")}
-    key = f"{message['role']}\x1f{message['content']}"
+    key = f"{message['role']}\x1f{line_spaces_key(message['content'])}"
     return f"{key}\x1f{tools_key([fields])}" if fields else key
 
 

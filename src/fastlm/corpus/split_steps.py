@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from fastlm.corpus.chat_template import has_chat_template, unread_variables
-from fastlm.corpus.cleaning import clean_texts, not_utf8_error, typed_not_text
+from fastlm.corpus.cleaning import clean_texts, line_spaces_keys, not_utf8_error, typed_not_text
 from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, rows_digest, selection_params
 from fastlm.corpus.pretokenized import id_texts, parse_id_texts
 from fastlm.corpus.prompts import (
@@ -293,9 +293,10 @@ def require_columns(raw: pd.DataFrame, config, source: str) -> None:
 
 def split_rows(clean: pd.DataFrame, config) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
     """The rows of ``clean`` kept by ``split.max_samples`` with their ``split`` (a keyed hash of each text or
-    raw prompt/response pair) and fold, the kept rows' indices and split codes; a split or a fold left
-    empty is refused."""
-    keys = text_keys(clean["split_key" if "split_key" in clean else "text"], config.hash_salt)
+    raw prompt/response pair, its white space inside lines made single spaces: ``line_spaces_key``) and
+    fold, the kept rows' indices and split codes; a split or a fold left empty is refused."""
+    keyed = clean["split_key"] if "split_key" in clean else line_spaces_keys(clean["text"])
+    keys = text_keys(keyed, config.hash_salt)
     keep = cap_rows(keys[:, 1], config.max_samples)
     ratios = config.ratios
     codes = assign_splits(keys[keep, 0], ratios.train, ratios.validation, ratios.test)
