@@ -67,3 +67,36 @@ def multimodal_gemma3(text: dict):
         image_token_index=text["vocab_size"] - 1,
     )
     return t.AutoModelForCausalLM.from_config(config)
+
+
+def multimodal_gemma4(text: dict):
+    """Gemma4ForConditionalGeneration (model_type gemma4: its forward soft-caps the logits by its text
+    config's ``final_logit_softcapping``) with the language model of ``text`` (Gemma4TextConfig keywords) and
+    a one-layer vision tower, no audio tower."""
+    import transformers as t
+
+    vision = {
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+    }
+    vocab = text["vocab_size"]
+    special = dict(
+        zip(
+            ("boi_token_id", "eoi_token_id", "image_token_id", "video_token_id", "boa_token_id"),
+            range(vocab - 7, vocab),
+            strict=False,
+        )
+    )
+    config = t.Gemma4Config(
+        text_config=text,
+        vision_config=vision,
+        audio_config=None,
+        eoa_token_index=vocab - 2,
+        audio_token_id=vocab - 1,
+        **special,
+    )
+    return t.AutoModelForCausalLM.from_config(config)

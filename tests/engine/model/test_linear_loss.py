@@ -252,3 +252,63 @@ def test_a_run_with_the_fused_head_trains_as_one_with_the_plain_head(tmp_path):
     assert fused.eval_history[-1]["val_loss"] == pytest.approx(
         plain.eval_history[-1]["val_loss"], rel=TRAINED_FP32_LOSS_REL
     )
+
+
+def soft_capped(kind: str) -> torch.nn.Module:
+    """A tiny model whose forward soft-caps the logits after the head under a config name of its own: a
+    multimodal Gemma-4 (its text config's ``final_logit_softcapping``, as Gemma-3n's), a RecurrentGemma
+    (``logits_soft_cap``)."""
+    import transformers as t
+
+    from tests.support.tiny_models import multimodal_gemma4
+
+    torch.manual_seed(0)
+    if kind == "gemma4":
+        text = {
+            "vocab_size": VOCAB,
+            "vocab_size_per_layer_input": VOCAB,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "hidden_size_per_layer_input": 8,
+            "sliding_window": 16,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "final_logit_softcapping": 3.0,
+        }
+        model = multimodal_gemma4(text)
+    else:
+        config = t.RecurrentGemmaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            lru_width=32,
+            attention_window_size=16,
+            block_types=["recurrent", "attention"],
+            logits_soft_cap=3.0,
+        )
+        model = t.RecurrentGemmaForCausalLM(config)
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+@pytest.mark.parametrize("kind", ["gemma4", "recurrent_gemma"])
+def test_a_model_that_soft_caps_its_logits_under_another_name_keeps_the_plain_head(kind, caplog):
+    """The fused loss multiplies the head's weight itself: a soft-capping after the head would be skipped, a
+    silently other loss (and a 262k vocabulary is fused under auto). Gemma-3n/4's multimodal classes read it
+    from their text config, RecurrentGemma from ``logits_soft_cap``: both keep the plain head, said, and a
+    step trains exactly as with ``fused_linear: false``."""
+    from fastlm.engine.model.linear_loss import fused_head_choice
+
+    model = soft_capped(kind)
+    with caplog.at_level("WARNING"):
+        head, why = fused_head_choice(model, True)
+    assert head is None and "soft-capping" in why and "train.loss.fused_linear is true" in caplog.text
+    batches = [packed_batch(VOCAB - 8)]
+    plain_loss, plain = step_loss_and_grads(model, batches)
+    chosen_loss, chosen = step_loss_and_grads(model, batches, fused_head=head)
+    assert torch.equal(chosen_loss, plain_loss) and all(torch.equal(chosen[n], g) for n, g in plain.items())

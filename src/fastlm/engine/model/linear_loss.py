@@ -54,8 +54,15 @@ log = logging.getLogger(__name__)
 # below, the logits are small next to the activations and the plain head's matmul (bf16 under autocast) is
 # faster.
 FUSED_MIN_VOCAB = 65_536
-# Config fields that change the logits after the head: such a model's head cannot be fused as it is.
-_AFTER_HEAD = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+# Config fields that change the logits after the head: such a model's head cannot be fused as it is. Read on
+# the model's config and on its text config (a multimodal Gemma-3n/4 soft-caps by its text config's).
+_AFTER_HEAD = (
+    "final_logit_softcapping",
+    "logits_soft_cap",  # RecurrentGemma
+    "logit_scale",
+    "logits_scaling",
+    "output_multiplier_scale",
+)
 
 IGNORE_INDEX = -100
 # Logit elements per chunk (tokens x vocab) and per block of the weight's gradient (all tokens x vocabulary
@@ -279,7 +286,7 @@ def fused_head_choice(model: torch.nn.Module, request: bool | str) -> tuple[torc
         problem = "an encoder-decoder model (its head adds a bias or a scale after the matmul)"
     elif type(head) is not torch.nn.Linear:
         problem = f"its output head is a {type(head).__name__}, not a plain Linear (e.g. adapted by LoRA)"
-    elif any(getattr(config, name, None) not in (None, 1, 1.0) for name in _AFTER_HEAD):
+    elif _changes_logits_after_head(config):
         problem = "its config changes the logits after the head (soft-capping or scaling)"
     else:
         problem = None
@@ -291,6 +298,15 @@ def fused_head_choice(model: torch.nn.Module, request: bool | str) -> tuple[torc
     if request == "auto" and vocab < FUSED_MIN_VOCAB:
         return None, f"plain LM head (auto: a vocabulary of {vocab:,} < {FUSED_MIN_VOCAB:,}: small logits)"
     return head, f"fused LM head + loss: no [tokens x {vocab:,}] logits (train.loss.fused_linear: {request})"
+
+
+def _changes_logits_after_head(config) -> bool:
+    """Whether ``config`` (or its text config, where it has one) sets one of ``_AFTER_HEAD``."""
+    configs = [config]
+    text = getattr(config, "get_text_config", None)
+    if callable(text):
+        configs.append(text())
+    return any(getattr(each, name, None) not in (None, 1, 1.0) for each in configs for name in _AFTER_HEAD)
 
 
 def _hidden_states(states: torch.Tensor) -> torch.Tensor:
