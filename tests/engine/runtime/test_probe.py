@@ -516,3 +516,41 @@ def test_a_compiled_cpu_run_left_on_auto_attention_trains_on_the_additive_mask_p
     assert [r["loss"] for r in result.history] == pytest.approx(
         [r["loss"] for r in eager.history], rel=TRAINED_FP32_LOSS_REL
     )
+
+
+def test_timings_kept_on_one_gpu_do_not_decide_on_another_sharing_the_choices_file(tmp_path):
+    """``runtime_choices.json`` lives in ``train.checkpoint_dir``, which a shared filesystem gives every
+    node of a cluster: the compile timings an A100 node kept (compiled 1.25x faster) must not decide for an
+    H100 node, where compiling measures slower, nor for another CUDA build; the same GPU and build take
+    them, unmeasured."""
+    from dataclasses import replace
+
+    from fastlm.engine.runtime.remembered import RememberedChoices, choice_key
+
+    choices = RememberedChoices(tmp_path / "runtime_choices.json")
+
+    def settle(runtime, compiled_s: float):
+        calls = []
+        settled, _ = probe_runtime(
+            runtime,
+            "auto",
+            toy_model(),
+            BATCH,
+            compile_probe=CompileProbe("auto", LONG_RUN, compiler=Compiled),
+            measure=compile_timer(1.0, compiled_s, calls),
+            choices=choices,
+        )
+        return settled, calls
+
+    a100 = replace(cuda_runtime(), device_name="NVIDIA A100-SXM4-80GB", cuda_version="12.8")
+    h100 = replace(a100, device_name="NVIDIA H100 80GB HBM3")
+    assert choice_key(a100, toy_model(), BATCH) != choice_key(h100, toy_model(), BATCH)
+    first, calls = settle(a100, 0.8)
+    assert first.compile and calls
+    other, calls = settle(h100, 1.05)
+    assert not other.compile and calls and "kept from" not in other.compile_choice
+    rebuilt, calls = settle(replace(a100, cuda_version="13.0"), 1.05)
+    assert not rebuilt.compile and calls
+    again, calls = settle(a100, 1.05)
+    assert again.compile and "kept from" in again.compile_choice and "eager" not in calls
+    assert "gpu" not in choice_key(cpu("fp32"), toy_model(), BATCH)  # a CPU's key as it was

@@ -47,7 +47,9 @@ SHAPED = ("input_ids", "decoder_input_ids")
 def choice_key(runtime: Runtime, model: torch.nn.Module, batch: Mapping) -> dict:
     """What decides how fast a precision runs here: the device and CPU, threads, kernel set
     (``ATEN_CPU_CAPABILITY``), torch build, the model (its class, attention path, gradient checkpointing and
-    every parameter's name, shape, dtype and trainability, hashed) and the micro-batch's shape."""
+    every parameter's name, shape, dtype and trainability, hashed) and the micro-batch's shape; on CUDA also
+    the GPU's name and the CUDA build (the file sits in ``train.checkpoint_dir``, which a shared filesystem
+    gives nodes of other GPUs; a CPU's key is as it was)."""
     parameters = sorted(
         [name, list(param.shape), str(param.dtype).removeprefix("torch."), param.requires_grad]
         for name, param in model.named_parameters()
@@ -60,8 +62,10 @@ def choice_key(runtime: Runtime, model: torch.nn.Module, batch: Mapping) -> dict
         checkpointing,
         parameters,
     ]
+    gpu = {"gpu": runtime.device_name, "cuda": runtime.cuda_version} if runtime.device.type == "cuda" else {}
     return {
         "device": runtime.device.type,
+        **gpu,
         "cpu": _cpu_name(),
         "threads": runtime.num_threads,
         "kernels": os.environ.get("ATEN_CPU_CAPABILITY") or "default",
