@@ -290,6 +290,41 @@ def test_a_two_process_checkpoint_resumes_in_one_process_with_the_same_effective
     assert epoch.history[-1]["epoch"] == 1.0 and epoch.summary["epochs"] == 1.0
 
 
+def test_a_two_process_run_drawing_random_numbers_resumes_bitwise_on_every_rank(
+    tmp_path, bpe_tokenizer, tokenized
+):
+    """Round thirty-two: each rank draws its own numbers (NEFTune's noise over micro-batches of its own
+    lengths: dropout alike), so the ranks' generators part after the first step. ``rng.pt`` held rank 0's
+    states only, which every rank restored: rank 1 drew rank 0's numbers after a resume, and the resumed run
+    trained other steps than the uninterrupted one. Each rank's states are saved and restored: the same
+    computation twice, bitwise."""
+    import shutil
+
+    drawing = {
+        "runtime": {"num_threads": 1, "deterministic": True},
+        "model": {**job_params(tmp_path, accum=1, nproc=2).model.model_dump(), "neftune_noise_alpha": 5.0},
+        "batching": {"mode": "dynamic", "micro_batch_size": 2, "gradient_accumulation_steps": 1},
+        "eval_every": None,
+    }
+    straight = launch(
+        job_params(tmp_path / "a", accum=1, nproc=2, **drawing), bpe_tokenizer, tokenized, tmp_path / "a"
+    )
+    checkpoint = tmp_path / "b" / "checkpoints-2" / "checkpoint-00000002"
+    shutil.copytree(tmp_path / "a" / "checkpoints-2" / "checkpoint-00000002", checkpoint)
+    resumed = launch(
+        job_params(tmp_path / "b", accum=1, nproc=2, resume=str(checkpoint), **drawing),
+        bpe_tokenizer,
+        tokenized,
+        tmp_path / "b",
+    )
+    assert resumed.summary["resumed_from_step"] == 2
+    assert [r["loss"] for r in resumed.history[-2:]] == [r["loss"] for r in straight.history[-2:]]
+    for (name, mine), theirs in zip(
+        straight.model.named_parameters(), resumed.model.parameters(), strict=True
+    ):
+        assert torch.equal(theirs, mine), name
+
+
 def test_a_two_process_checkpoint_on_another_step_plan_than_one_process_is_not_continued(
     tmp_path, bpe_tokenizer, tokenized, caplog
 ):

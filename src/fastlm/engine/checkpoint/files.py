@@ -15,7 +15,7 @@ Contents:
 - ``model.safetensors``: ``safetensors.torch.save_model`` (one copy of tied tensors, e.g. a tied LM head);
 - ``optimizer.pt``, ``scheduler.pt``, ``grad_scaler.pt`` (when given): ``torch.save`` of the state dicts;
 - ``rng.pt`` (``rng``): the torch CPU RNG state and, when CUDA is available, every CUDA device's RNG state
-  (tensors);
+  (tensors); of a run of several processes, also every rank's states under ``ranks`` (``SaveOptions``);
 - ``trainer_state.json``: the caller's ``state`` (JSON: step, epoch, position, metric history, config digest)
   and the Python ``random`` and NumPy global RNG states as plain lists, so nothing needs pickle;
 - ``COMPLETE``: ``{"format": 1, "step": ..., "files": {name: size in bytes}}``;
@@ -80,12 +80,14 @@ class SaveOptions:
     (early stopping's best; the best each checkpoint that stays records is kept too, ``_prune``);
     ``model_state`` / ``optimizer_state``: full state dicts gathered from a sharded (FSDP2) model (or a LoRA
     model's trainable tensors), written instead of ``model.state_dict()`` / ``optimizer.state_dict()`` (same
-    files, so any world size or strategy resumes)."""
+    files, so any world size or strategy resumes); ``rank_rng``: every rank's RNG states in rank order
+    (``rng.rank_rng_state``, gathered to the writer), which ``rng.pt`` keeps under ``ranks``."""
 
     keep_last: int | None = 2
     also_keep: Path | None = None
     model_state: dict | None = None
     optimizer_state: dict | None = None
+    rank_rng: list[dict] | None = None
 
 
 def save_checkpoint(
@@ -149,7 +151,10 @@ def save_checkpoint(
         _torch_save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
         if grad_scaler is not None:
             _torch_save(grad_scaler.state_dict(), tmp / GRAD_SCALER_FILE)
-        _torch_save(torch_rng_state(), tmp / RNG_FILE)
+        rng = torch_rng_state()
+        if options.rank_rng is not None:
+            rng["ranks"] = options.rank_rng
+        _torch_save(rng, tmp / RNG_FILE)
         _write_bytes(tmp / STATE_FILE, state_bytes)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
         marker = {"format": FORMAT_VERSION, "step": step, "files": files}

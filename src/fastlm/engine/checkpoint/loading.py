@@ -27,7 +27,7 @@ from fastlm.engine.checkpoint.layout import (
     STATE_FILE,
     CheckpointError,
 )
-from fastlm.engine.checkpoint.rng import restore_rng_states
+from fastlm.engine.checkpoint.rng import restore_rng_states, states_of_rank
 from fastlm.engine.observe import strict_json
 
 log = logging.getLogger(__name__)
@@ -62,10 +62,12 @@ def load_checkpoint(
     map_location: str | torch.device = "cpu",
     restore_rng: bool = True,
     header: dict | None = None,
+    rank: tuple[int, int] = (0, 1),
 ) -> dict:
     """Load a checkpoint folder into ``model`` (and the optimizer, scheduler and grad scaler when given).
 
-    Restores the torch, CUDA, Python and NumPy RNG states when ``restore_rng``. Returns the saved ``state``.
+    Restores the torch, CUDA, Python and NumPy RNG states when ``restore_rng``: those of ``rank`` (this
+    process's rank, the run's number of processes; ``rng.states_of_rank``). Returns the saved ``state``.
     ``header``: :func:`read_header`'s result for this folder when the caller already read it.
     A missing, truncated or mismatched file raises :class:`CheckpointError`.
     """
@@ -109,7 +111,16 @@ def load_checkpoint(
     if restore_rng:
         rng = _torch_load(folder / RNG_FILE, "cpu")  # RNG states must stay CPU byte tensors
         try:
-            restore_rng_states(rng, trainer_state["rng"])
+            restore_rng_states(
+                *states_of_rank(
+                    rng,
+                    trainer_state["rng"],
+                    rank=rank[0],
+                    world_size=rank[1],
+                    saved_world_size=int(trainer_state["state"].get("world_size") or 1),
+                    where=folder,
+                )
+            )
         except Exception as error:
             raise _broken(folder / RNG_FILE, f"holds unusable RNG states ({_one_line(error)})") from error
     if restore_rng:  # the full load

@@ -3,11 +3,14 @@
 
 The torch CPU state and every CUDA device's state are tensors (``rng.pt``, loaded with ``weights_only=True``);
 the Python ``random`` and NumPy global states are plain JSON lists (``trainer_state.json``), so nothing needs
-pickle.
+pickle. Those are rank 0's; a run of several processes also keeps every rank's states, in rank order, in
+``rng.pt``'s ``ranks`` entry (:func:`rank_rng_state`: each rank draws its own numbers, for dropout or noise
+over micro-batches of its own lengths), and each rank restores its own (:func:`states_of_rank`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections.abc import Mapping
@@ -30,6 +33,35 @@ def torch_rng_state() -> dict:
 def host_rng_state() -> dict:
     """The Python and NumPy global RNG states as JSON values (``trainer_state.json``'s ``rng`` entry)."""
     return {"python": _python_rng_state(), "numpy": _numpy_rng_state()}
+
+
+def rank_rng_state() -> dict:
+    """This process's RNG states as an entry of ``rng.pt``'s ``ranks`` list: :func:`torch_rng_state`'s
+    tensors and :func:`host_rng_state` as a JSON string (``weights_only`` loads strings, not NumPy)."""
+    return {**torch_rng_state(), "host": json.dumps(host_rng_state())}
+
+
+def states_of_rank(
+    torch_states: dict, host_states: dict, *, rank: int, world_size: int, saved_world_size: int, where: object
+) -> tuple[dict, dict]:
+    """The torch and host states ``rank`` of ``world_size`` processes restores from a checkpoint's
+    (``rng.pt``'s and ``trainer_state.json``'s, rank 0's): its own where the checkpoint kept every rank's
+    and was written by as many processes; rank 0's otherwise (one process; another number of processes,
+    whose ranks read other data than the saved ones). A checkpoint of as many processes written before
+    every rank's states were kept: rank 0's, with one warning (on rank 0) that the ranks after it draw
+    other numbers than the uninterrupted run; ``where`` names the checkpoint in it."""
+    ranks = torch_states.get("ranks")
+    if world_size > 1 and isinstance(ranks, list) and len(ranks) == world_size == saved_world_size:
+        mine = ranks[rank]
+        return mine, json.loads(mine["host"])
+    if world_size > 1 and ranks is None and saved_world_size == world_size and rank == 0:
+        log.warning(
+            "%s holds rank 0's random states only (written by an earlier fastlm): every rank continues from "
+            "them, so ranks 1 to %d draw other numbers (dropout, noise) than the uninterrupted run did",
+            where,
+            world_size - 1,
+        )
+    return torch_states, host_states
 
 
 def restore_rng_states(torch_states: dict, host_states: dict) -> None:

@@ -29,6 +29,7 @@ from fastlm.engine.checkpoint.files import SaveOptions, mark_finished, save_chec
 from fastlm.engine.checkpoint.layout import MODEL_FILE, OPTIMIZER_FILE, CheckpointError, checkpoint_dir
 from fastlm.engine.checkpoint.loading import load_checkpoint, read_checkpoint_state
 from fastlm.engine.checkpoint.resume import ResumePlan, data_digest, plan_resume, run_digest
+from fastlm.engine.checkpoint.rng import rank_rng_state
 from fastlm.engine.config import OptimizerParams, TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import (
@@ -227,6 +228,7 @@ class Checkpointer:
             grad_scaler=self.opt.scaler,
             map_location=self.device,
             header=plan.header,
+            rank=(self.comm.rank, self.comm.world_size),
         )
         if self.sharded:
             load_full_state_dicts(
@@ -294,6 +296,8 @@ class Checkpointer:
             if self.sharded
             else (None, None)
         )
+        # each rank draws its own numbers (dropout, noise): every rank's states, each to continue its own
+        rank_rng = self.comm.gather_host(rank_rng_state()) if self.comm.world_size > 1 else None
         if self.trainable_only and not self.sharded:
             model_state = {
                 name: param.detach() for name, param in model.named_parameters() if param.requires_grad
@@ -312,6 +316,7 @@ class Checkpointer:
                     also_keep=self.protected,
                     model_state=model_state,
                     optimizer_state=optimizer_state,
+                    rank_rng=rank_rng,
                 ),
                 state={
                     "step": state.step,
