@@ -161,3 +161,53 @@ def test_only_a_lost_peer_of_several_ranks_is_a_lost_peer_error(tmp_path, monkey
                 )
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_more_ranks_on_a_machine_than_it_has_cores_each_refuse_in_one_line(
+    tmp_path, bpe_tokenizer, sample_texts, monkeypatch
+):
+    """Round thirty-two: torchrun's ``--nproc-per-node=4`` on a 2-core CPU (only ``nproc_per_node``'s own
+    launcher counted the cores): the ranks shared cores, each step waiting for the slowest. Two gloo ranks
+    on a machine of one usable core here (the ranks are forked: the patched mask is theirs); every rank
+    refuses with the same line naming the host, the counts and the fix, before anything is written."""
+    monkeypatch.setattr(job_module, "cpu_affinity", lambda: {0})
+    monkeypatch.setattr(job_module, "cpu_quota", lambda: None)
+    splits = tokenized_splits(bpe_tokenizer, sample_texts)
+    params = job_params(tmp_path, accum=1, nproc=2, max_steps=1, eval_every=None, save_every=None)
+    ranks = data_ranks.run(tmp_path, params, bpe_tokenizer, {"crowded": [splits] * 2})
+    seen = [rank["crowded"] for rank in ranks]
+    assert [case.get("exit_code") for case in seen] == [2, 2]
+    line = seen[0]["error"]
+    assert line == seen[1]["error"] and "\n" not in line
+    assert "2 processes of this CPU run are on host" in line and "1 usable CPU cores" in line
+    assert "torchrun --nproc-per-node=1" in line and "Fix:" in line
+    assert not (tmp_path / "checkpoints-2").exists() and not (tmp_path / "crowded").exists()
+
+
+class _Ranks(Collectives):
+    """A run's ranks as one of them sees them: ``records`` is what each rank gathers (host, mask, quota)."""
+
+    def __init__(self, records: list[dict]) -> None:
+        self.records, self.world_size = records, len(records)
+
+    def gather_host(self, value: object) -> list:
+        return self.records
+
+
+def test_ranks_on_cores_of_their_own_or_on_other_machines_are_let_through():
+    """Ranks pinned to cores of their own (one each), and the ranks of two 2-core nodes (torchrun on each
+    node), are not crowded; a GPU run is not counted by its cores. A crowded node refuses on every rank,
+    also where another node is not crowded (every rank judges every host: none goes on alone)."""
+    from fastlm.engine.launch.job import refuse_more_ranks_than_cores
+    from fastlm.errors import ConfigError
+
+    def rank(host: str, cpus: list[int], quota: int | None = None) -> dict:
+        return {"host": host, "cpus": cpus, "quota": quota}
+
+    refuse_more_ranks_than_cores(_Ranks([rank("a", [0]), rank("a", [1])]), "cpu")
+    refuse_more_ranks_than_cores(_Ranks([rank("a", [0, 1])] * 2 + [rank("b", [0, 1])] * 2), "cpu")
+    refuse_more_ranks_than_cores(_Ranks([rank("a", [0])] * 4), "cuda")
+    with pytest.raises(ConfigError, match="4 processes of this CPU run are on host b, which has 2 usable"):
+        refuse_more_ranks_than_cores(_Ranks([rank("a", [0, 1])] * 2 + [rank("b", [0, 1])] * 4), "cpu")
+    with pytest.raises(ConfigError, match="which has 1 usable CPU cores"):  # a container's quota
+        refuse_more_ranks_than_cores(_Ranks([rank("a", [0, 1, 2, 3], quota=1)] * 2), "cpu")

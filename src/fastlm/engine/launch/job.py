@@ -1,7 +1,9 @@
 """One training run, the same code in every process: a plain run, a torchrun rank, or a launched worker.
 
 ``run_job(job)`` sets up the runtime on this rank's device, joins the process group when there are several
-ranks, checks that every rank holds the same tokenized data (:func:`check_same_data`), builds the model,
+ranks, checks that no machine of a CPU run holds more of them than it has cores
+(:func:`refuse_more_ranks_than_cores`) and that every rank holds the same tokenized data
+(:func:`check_same_data`), builds the model,
 checks the output storage (rank 0), trains, and returns :class:`JobResult` on rank 0
 (``None`` elsewhere). Only rank 0 calls the loop callbacks (live MLflow metrics).
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +45,15 @@ from fastlm.engine.distributed.parallel import (
 from fastlm.engine.model.build import build_model, model_attention
 from fastlm.engine.model.lora import load_trained_weights, trains_part_only
 from fastlm.engine.observe.metrics import device_memory_mb
-from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime, usable_cpu_count
+from fastlm.engine.runtime.environment import (
+    RuntimeConfig,
+    cpu_affinity,
+    cpu_quota,
+    setup_runtime,
+    usable_cpu_count,
+)
 from fastlm.engine.train.loop import train
-from fastlm.errors import FastlmError, StaleDataError, exception_chain
+from fastlm.errors import ConfigError, FastlmError, StaleDataError, exception_chain
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +133,40 @@ def check_same_data(job: TrainJob, comm: Collectives) -> None:
     )
 
 
+def refuse_more_ranks_than_cores(comm: Collectives, device_type: str) -> None:
+    """One line, on every rank, where a machine of a CPU run holds more of its ranks than usable cores (the
+    union of its ranks' affinity masks, capped by a container's CPU quota): two processes sharing a core
+    wait for one another at every step's collectives, slower than fewer processes. The launcher refuses
+    ``train.distributed.nproc_per_node`` so (``launch.workers.refuse_more_workers_than_cores``); a rank of
+    torchrun (``--nproc-per-node=4`` on 2 cores) or of any other launcher is checked here. The ranks are
+    grouped by host name, so the ranks of other nodes do not count against this one's cores; every rank
+    judges the same gathered records, so all refuse or none (a rank going on alone would wait at its next
+    collective until the timeout). A run on GPUs runs a process per GPU (``rank_device``)."""
+    if comm.world_size == 1 or device_type != "cpu":
+        return
+    held = comm.gather_host(
+        {"host": socket.gethostname(), "cpus": sorted(cpu_affinity()), "quota": cpu_quota()}
+    )
+    hosts: dict[str, dict] = {}
+    for record in held:
+        host = hosts.setdefault(record["host"], {"ranks": 0, "cpus": set(), "quotas": []})
+        host["ranks"] += 1
+        host["cpus"] |= set(record["cpus"])
+        host["quotas"] += [record["quota"]] if record["quota"] is not None else []
+    for name, host in hosts.items():
+        cores = max(1, min([len(host["cpus"]), *host["quotas"]]))
+        if host["ranks"] <= cores:
+            continue
+        raise ConfigError(
+            f"{host['ranks']} processes of this CPU run are on host {name}, which has {cores} usable CPU "
+            "cores: each process needs a core of its own (processes sharing a core wait for one another at "
+            "every step, slower than fewer processes).",
+            fix=f"start at most {cores} processes on it (torchrun --nproc-per-node={cores}, or "
+            f"train.distributed.nproc_per_node: {cores}); raise train.batching.gradient_accumulation_steps "
+            "to keep the effective batch.",
+        )
+
+
 def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> JobResult | None:
     """Train on this rank; ``rank`` None = one process. Returns the result on rank 0, None on the others."""
     params = job.params
@@ -139,6 +182,7 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
     runtime = setup_runtime(RuntimeConfig(**runtime_config, seed=params.seed), measured_later=True)
     comm = connect(rank, params.distributed.backend, runtime.device, params.distributed.timeout_s)
     try:
+        refuse_more_ranks_than_cores(comm, runtime.device.type)
         check_same_data(job, comm)
         attn = model_attention(
             params.model,

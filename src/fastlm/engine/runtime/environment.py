@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import random
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -154,20 +155,31 @@ class Runtime:
         return record
 
 
-def usable_cpu_count() -> int:
-    """Cores this process may run on: the affinity mask, capped by a cgroup v2 CPU quota if any."""
+def usable_cpu_count(cpus: Collection[int] | None = None) -> int:
+    """Cores this process may run on: the affinity mask (``cpus``: these CPUs instead), capped by a cgroup v2
+    CPU quota if any (:func:`cpu_quota`)."""
+    cores, quota = len(cpu_affinity() if cpus is None else cpus), cpu_quota()
+    return max(1, cores if quota is None else min(cores, quota))
+
+
+def cpu_affinity() -> set[int]:
+    """The CPUs this process may run on (its affinity mask; every CPU where the system has none)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def cpu_quota() -> int | None:
+    """The cores a cgroup v2 CPU quota grants (rounded up), None without one."""
     try:
         with open("/sys/fs/cgroup/cpu.max") as cpu_max:
             quota, period = cpu_max.read().split()[:2]
         if quota != "max":
-            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+            return max(1, math.ceil(int(quota) / int(period)))
     except (OSError, ValueError):
         pass
-    return max(1, cores)
+    return None
 
 
 def threads_set_in_environment() -> int | None:
