@@ -604,3 +604,22 @@ def test_a_rename_keeps_the_dots_of_a_name_and_its_compression(name, kind, expec
     from fastlm.corpus.readers import renamed
 
     assert renamed(Path(name), kind) == expected
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_json_lines_files_saved_with_a_bom_and_joined_read_as_their_rows(tmp_path, suffix):
+    """Exports saved as "UTF-8 with BOM" (Notepad, PowerShell, Excel) joined with ``cat``: every part's
+    first line starts with a BOM. Read as the parts' rows, as each part alone is. Was: refused as "could not
+    be read as jsonl: Expected object or value at position 0", naming no line, with a fix to check the
+    file's extension."""
+    parts = [
+        [{"text": f"배송 빨라요 {part}-{i}", "id": 10 * part + i} for i in range(3)] for part in range(3)
+    ]
+    data = b"".join(
+        "\ufeff".encode() + "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode()
+        for rows in parts
+    )
+    path = tmp_path / f"joined{suffix}"
+    path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    table = read_raw_table(path)
+    assert table.to_dict("records") == [row for rows in parts for row in rows]

@@ -1030,11 +1030,24 @@ def _read_jsonl(source, path: Path) -> pd.DataFrame:
     _refuse_lone_surrogate(source, path)
     if whole:
         return table
-    if _wide_integer(source):  # pandas' reader refuses it (``Value is too big!``) or rounds it (above int64)
+    # pandas' reader refuses an integer beyond int64 (``Value is too big!``) or rounds it, and a line that
+    # starts with a BOM (files saved "UTF-8 with BOM" joined with cat): Python's json reads both
+    if _wide_integer(source) or _bom_after_first_line(source):
         return _python_json_rows(source)
     return pd.read_json(_rewound(source), lines=True, dtype=False)
 
 
+def _without_bom(line: bytes) -> bytes:
+    return line.removeprefix(BOM)
+
+
+def _bom_after_first_line(source) -> bool:
+    """Whether a line after the first of ``source`` starts with a UTF-8 BOM."""
+    with _open(source) as handle:
+        return any(line.startswith(BOM) for number, line in enumerate(handle) if number)
+
+
+BOM = b"\xef\xbb\xbf"
 INT64 = (-(2**63), 2**63 - 1)
 LONG_INTEGER = re.compile(rb"(?<![\w.+-])-?[0-9]{19,}(?![0-9.eE])")  # 19 digits: from 10**18 (int64 < 9.3e18)
 
@@ -1077,8 +1090,8 @@ def _python_json_rows(source) -> pd.DataFrame:
     kept whole, for the column's reader to judge (predict refuses such an id as its row's reason)."""
     with _open(source) as handle:
         rows = [
-            json.loads(line.removeprefix(b"\xef\xbb\xbf") if number == 1 else line)
-            for number, line in enumerate(handle, start=1)
+            json.loads(line)
+            for line in map(_without_bom, handle)  # any line's: files saved with one, joined
             if line.strip()
         ]
     return pd.DataFrame.from_records(rows)
@@ -1207,11 +1220,11 @@ def _array_row_line(source) -> int:
 
 def _first_bad_json_line(source) -> tuple[int | None, str]:
     with _open(source) as handle:
-        for number, line in enumerate(handle, start=1):
+        for number, line in enumerate(map(_without_bom, handle), start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line.removeprefix(b"\xef\xbb\xbf") if number == 1 else line)
+                row = json.loads(line)
             except ValueError as exc:
                 return number, getattr(exc, "msg", str(exc))
             if not isinstance(row, dict):
