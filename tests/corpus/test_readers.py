@@ -623,3 +623,26 @@ def test_json_lines_files_saved_with_a_bom_and_joined_read_as_their_rows(tmp_pat
     path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
     table = read_raw_table(path)
     assert table.to_dict("records") == [row for rows in parts for row in rows]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".csv.gz"])
+@pytest.mark.parametrize("bom", ["", "\ufeff"])
+def test_csv_files_joined_with_their_headers_read_as_their_rows_said_once(tmp_path, suffix, bom, caplog):
+    """Exports joined with ``cat`` (Spark's part files, a day's file each), every part with its header (and
+    a BOM where saved "UTF-8 with BOM"): each later header line is no row. Left out and said once, naming
+    the file. Was: read as a row (a text "text", a pair ("dialogue", "summary")), cleaned (the BOM
+    removed) and trained."""
+    sep = "\t" if suffix == ".tsv" else ","
+    parts = [
+        [{"id": str(10 * part + i), "text": f"배송 빨라요 {part}-{i}"} for i in range(3)] for part in range(3)
+    ]
+    data = "".join(
+        bom + f"id{sep}text\n" + "".join(f"{row['id']}{sep}{row['text']}\n" for row in rows) for rows in parts
+    ).encode()
+    path = tmp_path / f"joined{suffix}"
+    path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    with caplog.at_level(logging.WARNING):
+        table = texts_as_written(read_raw_table(path), ["id", "text"])
+    assert table.to_dict("records") == [row for rows in parts for row in rows]
+    said = [record.getMessage() for record in caplog.records if "header" in record.getMessage()]
+    assert len(said) == 1 and path.name in said[0] and "2 later lines" in said[0], said

@@ -260,7 +260,7 @@ def written_cells(path: str | Path, names: Sequence[str], parameter: str = RAW_P
     ``read_text_table`` reads the file (its encoding, its compression): text ("007" is not the number 7, "1e3"
     not 1000.0), a truly empty cell None."""
     path = Path(path)
-    source = _text_source(path, parameter)
+    source = without_header_repeats(_text_source(path, parameter), path)
     sep = "\t" if check_table_path(path, parameter) == "tsv" else ","
     quoting = csv_quoting(source, sep, path)
     header = pd.read_csv(
@@ -322,6 +322,8 @@ def read_table(path: str | Path, parameter: str = RAW_PATH):
         return pd.DataFrame({"text": pd.Series(lines, dtype=object)})
     try:
         source = _text_source(path, parameter) if kind in TEXT_FORMATS else path
+        if kind in ("csv", "tsv"):
+            source = without_header_repeats(source, path, say=True)
         return _READERS[kind](source, path)
     except InputDataError:
         raise
@@ -817,6 +819,56 @@ def _read_csv(source, path: Path, sep: str = ",") -> pd.DataFrame:
         fix=f"quote each value that holds {what} ({QUOTED_EXAMPLES[sep]}; a quote inside a quoted value "
         'doubled: "say ""hi"""), or remove the extra field.',
     )
+
+
+def without_header_repeats(source, path: Path, say: bool = False):
+    """``source`` (a CSV or TSV file's, ``_text_source``'s) without its later lines that repeat its header
+    line (a BOM before one, or CRLF after it, aside): files joined with ``cat``, each with its header (Spark's
+    part files, a day's export each), whose header lines would be read as rows (a text "text", a pair
+    ("dialogue", "summary")). ``source`` itself where none does (one scan, memory bounded); else a copy in
+    memory without them, said (``say``) in one warning naming ``path``."""
+    with _open(source) as handle:
+        header = handle.readline().removeprefix(BOM).rstrip(b"\r\n")
+        if not header.strip():
+            return source
+        rest, found = b"\n", False  # the header line is read: the next line starts after a line end
+        while not found:
+            block = handle.read(_SCAN_BLOCK)
+            data = rest + block
+            if not block:
+                found = _holds_line(data + b"\n", header, len(data) + 1)  # a last line without its end
+                break
+            cut = data.rfind(b"\n")
+            found = _holds_line(data, header, cut + 1)
+            rest = data[cut:]
+    if not found:
+        return source
+    with _open(source) as handle:
+        lines = handle.read().splitlines(keepends=True)
+    kept = lines[:1] + [line for line in lines[1:] if line.removeprefix(BOM).rstrip(b"\r\n") != header]
+    if say:
+        log.warning(
+            "%s: %d later lines repeat its header line (%s), as files joined with their headers (cat) do: "
+            "they are no rows and are left out",
+            path,
+            len(lines) - len(kept),
+            header.decode("utf-8", "replace")[:80],
+        )
+    return io.BytesIO(b"".join(kept))
+
+
+def _holds_line(data: bytes, line: bytes, end: int) -> bool:
+    """Whether ``data[:end]`` (whole lines, each after a line end) holds ``line`` as a whole line, a BOM
+    before it or a CR after it aside: each occurrence found by ``bytes.find`` (far faster than a pattern),
+    then looked at around."""
+    at = data.find(line, 0, end)
+    while at != -1:
+        start = at - len(BOM) if data[max(0, at - len(BOM)) : at] == BOM else at
+        after = at + len(line) + (data[at + len(line) : at + len(line) + 1] == b"\r")
+        if data[start - 1 : start] == b"\n" and data[after : after + 1] == b"\n":
+            return True
+        at = data.find(line, at + 1, end)
+    return False
 
 
 def _longer_record(source, sep: str, fields: int, quoting: int) -> tuple[int, int] | None:
