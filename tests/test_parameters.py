@@ -202,6 +202,30 @@ def test_a_text_parameter_read_as_a_mapping_asks_for_quotes_not_a_sub_key(group,
 
 
 @pytest.mark.parametrize(
+    ("group", "raw", "name", "quoted"),
+    [
+        ("split", {"hash_salt": 42}, "split.hash_salt", "'split.hash_salt=\"42\"'"),
+        ("split", {"text_column": 2024}, "split.text_column", "'split.text_column=\"2024\"'"),
+        ("split", {"hash_salt": 1.5}, "split.hash_salt", "'split.hash_salt=\"<text>\"'"),
+        ("split", {"hash_salt": True}, "split.hash_salt", "'split.hash_salt=\"<text>\"'"),
+    ],
+    ids=["salt", "column", "float", "boolean"],
+)
+def test_a_text_parameter_typed_as_a_number_asks_for_quotes(group, raw, name, quoted):
+    """``--params split.hash_salt=42`` (a salt, a seed-like number) reaches the schema as the number 42 (YAML
+    reads it so), and a column named ``2024`` likewise: the fix is to quote the value, in --params as
+    ``'split.hash_salt="42"'``. Was: the fix said ``pass --params split.hash_salt=<value>``, which gives the
+    same number again and is refused the same way."""
+    with pytest.raises(ConfigError) as error:
+        parse_group(group, raw)
+    message = str(error.value)
+    assert f"parameter {name} = " in message and "\n" not in message
+    assert "read as a number" in message or "read as true or false" in message, message
+    fix = message.split("Fix:")[1]
+    assert "quote" in fix and quoted in fix, fix
+
+
+@pytest.mark.parametrize(
     ("group", "raw", "name"),
     [
         ("train", {"fold": True}, "train.fold"),

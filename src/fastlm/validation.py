@@ -107,6 +107,17 @@ def parse_params(model: type[Model], raw: Any, *, prefix: str, source: str, file
                 + ("" if file_only else f", or in --params: '{name}=\"<text>\"'")
                 + ".",
             ) from None
+        if isinstance(value, int | float) and first["type"] == "string_type":
+            # a text of digits (a salt, a column named 2024) or true/false, given in --params or unquoted in
+            # YAML, is read as a number or a boolean: quoted, it stays the text typed
+            typed = "true or false" if isinstance(value, bool) else "a number"
+            written = str(value) if type(value) is int else "<text>"
+            raise ConfigError(
+                f"{where}parameter {name}{shown} is invalid: {message} (unquoted, it is read as {typed}).",
+                fix=f"quote the text in {source}"
+                + ("" if file_only else f", or in --params: '{name}=\"{written}\"'")
+                + ".",
+            ) from None
         read = _keys_read(_child(parent, path[-1]), message) if isinstance(value, dict) and path else []
         if read:  # a check across the group's keys: name those keys, not the whole mapping
             shown_keys = _listed(
