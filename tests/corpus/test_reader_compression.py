@@ -83,3 +83,41 @@ def test_a_text_that_begins_as_a_magic_number_does_is_read_as_text(tmp_path):
     path = tmp_path / "rows.txt"
     path.write_text("BZh9 is how a bzip2 file begins\nPK is a name\n", encoding="utf-8")
     assert list(read_text_table(path)["text"]) == ["BZh9 is how a bzip2 file begins", "PK is a name"]
+
+
+@pytest.mark.parametrize(
+    ("name", "compress", "check"),
+    [
+        ("rows.csv.gz", gzip.compress, "gzip -t"),
+        ("rows.jsonl.gz", gzip.compress, "gzip -t"),
+        ("rows.txt.bz2", bz2.compress, "bzip2 -t"),
+        ("rows.tsv.xz", lzma.compress, "xz -t"),
+        ("rows.parquet", None, None),
+    ],
+)
+def test_a_file_cut_short_says_so_and_to_copy_it_again(tmp_path, name, compress, check):
+    """A download or copy stopped part way (a disk that filled, a dropped connection): a compressed file
+    whose stream ends early, a Parquet file without its footer. Refused in one line saying it is cut short
+    and to fetch it again (with the command that checks a copy). Was: the decompressor's or pyarrow's words
+    ("Compressed file ended before the end-of-stream marker was reached") with the fix "check the file's
+    format matches its extension", which it does."""
+    import pandas as pd
+
+    rows = [f"배송 빨라요 {i}번째 리뷰" for i in range(2000)]
+    path = tmp_path / name
+    if compress is None:
+        pd.DataFrame({"text": rows}).to_parquet(path)
+        whole = path.read_bytes()
+    elif ".jsonl" in name:
+        whole = compress("".join(f'{{"text": "{row}"}}\n' for row in rows).encode())
+    else:
+        whole = compress(("text\n" + "\n".join(rows) + "\n").encode())
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    message = str(error.value)
+    assert message.startswith(f"raw data file {path} is cut short"), message
+    assert "matches its extension" not in message and "\n" not in message
+    assert "again" in message.split("Fix:")[1]
+    if check is not None:
+        assert f"{check} {path}" in message

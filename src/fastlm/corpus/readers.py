@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import lzma
+import os
 import re
 import unicodedata
 import warnings
@@ -332,11 +333,49 @@ def read_table(path: str | Path, parameter: str = RAW_PATH):
     except UnicodeDecodeError as exc:  # a compressed text file (not checked up front)
         raise _not_utf8(path, exc.start, exc.reason, None, parameter) from exc
     except Exception as exc:  # noqa: BLE001 - parser errors differ per format; name the file
+        cut = cut_short(path, exc, parameter)
+        if cut is not None:
+            raise cut from exc
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputDataError(
             f"{path} could not be read as {kind}: {first_line.rstrip('.')}.",
             fix="check the file's format matches its extension.",
         ) from exc
+
+
+# The command that checks a copy of a file so compressed is whole
+CHECK_COMMANDS = {".gz": "gzip -t", ".bz2": "bzip2 -t", ".xz": "xz -t", ".zst": "zstd -t"}
+PARQUET_MAGIC = b"PAR1"
+COMPRESSION_NAMES = {extension: name for name, extension in MAGIC.values()}
+
+
+def cut_short(path: Path, error: BaseException, parameter: str = RAW_PATH) -> InputDataError | None:
+    """Why ``path`` could not be read where it is cut short (a download or copy stopped part way, a disk
+    that filled): a compressed file whose stream ends early (``error``, the decompressor's EOFError), a
+    Parquet file that begins as one and ends before its footer; None otherwise."""
+    what = "raw data file" if parameter == RAW_PATH else parameter
+    fix = f"copy or download it again, or {_fix(parameter)}"
+    if _is_compressed(path) and isinstance(error, EOFError):
+        suffix = path.suffixes[-1].lower()
+        check = CHECK_COMMANDS.get(suffix)
+        return InputDataError(
+            f"{what} {path} is cut short: its {COMPRESSION_NAMES.get(suffix, suffix[1:])}-compressed data "
+            "ends before its stream does (a "
+            "download or copy stopped part way, a disk that filled).",
+            fix=fix.replace("again", f"again ({check} {path} checks a copy)" if check else "again", 1) + ".",
+        )
+    if suffix_format(path) == "parquet" and path.is_file() and path.stat().st_size >= len(PARQUET_MAGIC):
+        with path.open("rb") as handle:
+            head = handle.read(len(PARQUET_MAGIC))
+            handle.seek(-len(PARQUET_MAGIC), os.SEEK_END)
+            tail = handle.read()
+        if head == PARQUET_MAGIC and tail != PARQUET_MAGIC:
+            return InputDataError(
+                f"{what} {path} is cut short: it begins as a Parquet file but ends before its footer (a "
+                "download or copy stopped part way, a disk that filled).",
+                fix=f"{fix}.",
+            )
+    return None
 
 
 def holds_no_rows(table) -> bool:
@@ -381,6 +420,9 @@ def read_text_lines(path: str | Path, parameter: str = RAW_PATH) -> list[str]:
     except UnicodeDecodeError as exc:
         raise _not_utf8(path, exc.start, exc.reason, None, parameter) from exc
     except DECOMPRESS_ERRORS as exc:
+        cut = cut_short(path, exc, parameter)
+        if cut is not None:
+            raise cut from exc
         raise InputDataError(
             f"{what} {path} could not be read as {path.suffixes[-1]}-compressed text: "
             f"{str(exc).rstrip('.')}.",
