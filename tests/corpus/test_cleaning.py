@@ -149,3 +149,17 @@ def test_pairs_and_chats_that_differ_only_in_the_spaces_inside_a_line_are_one_ro
     )
     kept, drops = clean_messages(chats)
     assert len(kept) == 1 and drops["duplicate"] == 1
+
+
+def test_a_soft_hyphen_makes_no_other_text():
+    """A soft hyphen (U+00AD: a hyphenation point that shows nothing inside a line; web pages and PDFs put
+    them inside long words) is an invisible mark as a zero-width space is: removed, so the text is the same
+    text as without it. Was: kept, another text (in another split) and trained as a character no reader
+    sees."""
+    from fastlm.corpus.cleaning import normalize_text
+
+    plain = ["internationalization works", "배송이 빨라요"]
+    marked = ["inter\u00adnational\u00adization works", "배송\u00ad이 빨라요"]
+    kept, drops = clean_texts(pd.Series(plain + marked))
+    assert kept.tolist() == plain and drops["duplicate"] == len(marked)
+    assert [normalize_text(text) for text in marked] == plain

@@ -18,9 +18,10 @@ from fastlm.errors import InputDataError
 
 DROP_REASONS = ("missing", "non_string", "empty", "whitespace_only", "duplicate")
 # Marks that show nothing and mean nothing in a text (a zero-width space, a word joiner, a BOM inside a
-# file): removed, so that they make no other text. The zero-width joiner and non-joiner are kept (emoji
-# sequences, Indic and Persian writing).
-INVISIBLE = "\u200b\u2060\ufeff"
+# file, a soft hyphen: a hyphenation point web pages and PDFs put inside long words): removed, so that they
+# make no other text. The zero-width joiner and non-joiner are kept (emoji sequences, Indic and Persian
+# writing).
+INVISIBLE = "\u200b\u2060\ufeff\u00ad"
 # str.translate's table: a lone CR becomes LF (CRLF first becomes LF), the invisible marks go
 _TRANSLATE = {ord("\r"): "\n", **dict.fromkeys(map(ord, INVISIBLE))}
 _MARKED = re.compile(f"[\r{INVISIBLE}]")

@@ -17,8 +17,9 @@ So the n-gram matching, LCS and F-measure stay rouge-score's, and only the token
 ``auto``       ``unicode`` when any reference holds a letter or digit outside ASCII, else ``default``.
 
 Both sides are first normalized by the split's rule (``fastlm.corpus.cleaning.normalize_text``: NFC, LF line
-ends, no zero-width space, word joiner or BOM): the references are the split's cleaned texts, and a generation
-holding such a mark inside a word, or written decomposed, is the same text (it scored below 1 against itself).
+ends, no zero-width space, word joiner, BOM or soft hyphen): the references are the split's cleaned texts,
+and a generation holding such a mark inside a word, or written decomposed, is the same text (it scored
+below 1 against itself).
 
 ``auto`` looks at the references only, so the choice is the same for every run scored on the same data and
 their scores compare.
