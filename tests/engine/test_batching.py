@@ -342,7 +342,7 @@ def test_the_step_plan_counts_the_streams_epochs(tmp_path):
         assert plan.total_steps == sum(read)
 
 
-@pytest.mark.parametrize("mode", ["packed", "dynamic"])
+@pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
 def test_the_trained_samples_are_those_the_ranks_samplers_give(tmp_path, mode):
     """An epoch of micro-batches that do not divide between the processes: the samples a step holds (the run
     summary's ``samples_per_step``, ``tokens_per_step``, ``train_tokens``) are those the ranks' samplers
@@ -361,6 +361,40 @@ def test_the_trained_samples_are_those_the_ranks_samplers_give(tmp_path, mode):
         assert world == 1 or plan.size(0) % world  # some left out
         assert sorted(trained_samples(data, params, layout, plan).tolist()) == sorted(given)
         assert (len(given) == len(data)) == (world == 1)
+
+
+@pytest.mark.parametrize("mode", ["length_grouped", "dynamic"])
+def test_each_step_holds_the_samples_of_one_batch_whatever_its_micro_batches_and_processes(tmp_path, mode):
+    """A step of 8 samples is the same 8 samples as 8 x 1, 4 x 2 or 2 x 4 in one process and as 4 x 1,
+    2 x 2 or 1 x 4 in each of two (length_grouped: sorted mega-batches cut into whole steps, then into
+    micro-batches, as the Trainer's ``group_by_length`` sorts by ``train_batch_size *
+    gradient_accumulation_steps``; the epoch's short step last), each micro-batch of similar lengths. Was:
+    each length-grouped micro-batch drawn on its own, so a step held other samples for every split."""
+    data = toy_sequences(203, 1)  # 25 steps of 8 and one of 3
+
+    def steps(size: int, accumulation: int, world: int, epoch: int) -> list[list[int]]:
+        batching = {"mode": mode, "micro_batch_size": size, "gradient_accumulation_steps": accumulation}
+        params = toy_params(tmp_path, max_steps=None, batching=batching)
+        ranks = []
+        for rank in range(world):
+            layout = StreamLayout(EOS, 64, None, {"num_workers": 0}, rank=rank, world_size=world)
+            sampler = micro_batches(data, params, layout).sampler
+            sampler.set_epoch(epoch)
+            ranks.append(list(sampler))
+        count = len(ranks[0])
+        return [
+            sorted(index for batches in ranks for batch in batches[k : k + accumulation] for index in batch)
+            for k in range(0, count, accumulation)
+        ]
+
+    for epoch in (0, 1):
+        whole = steps(8, 1, 1, epoch)
+        assert len(whole) == 26 and all(len(step) == 8 for step in whole[:-1]) and len(whole[-1]) == 3
+        for size, accumulation in ((4, 2), (2, 4)):
+            assert steps(size, accumulation, 1, epoch) == whole
+        for size, accumulation in ((4, 1), (2, 2), (1, 4)):
+            # two processes leave the last N mod 2 micro-batches out: the short step may differ or be gone
+            assert steps(size, accumulation, 2, epoch)[:25] == whole[:25]
 
 
 def test_backoff_pieces_are_the_fewest_powers_of_two_of_at_most_the_micro_batch():
@@ -464,9 +498,12 @@ def test_a_backed_off_checkpoint_resumed_by_two_processes_trains_the_configured_
     data = toy_sequences(29, 0)
 
     def stream(micro: int, accumulation: int, world: int, rank: int, **start) -> MicroBatches:
-        params = toy_params(
-            tmp_path, batching={"mode": "length_grouped", "micro_batch_size": micro}, max_steps=None
-        )
+        batching = {
+            "mode": "length_grouped",
+            "micro_batch_size": micro,
+            "gradient_accumulation_steps": accumulation,
+        }
+        params = toy_params(tmp_path, batching=batching, max_steps=None)
         layout = StreamLayout(EOS, 64, None, {"num_workers": 0}, rank=rank, world_size=world)
         return micro_batches(data, params, layout, configured=4, **start)
 

@@ -104,8 +104,13 @@ def make_batching(
     seed: int,
     sides: Seq2SeqSides | None = None,
     configured: int | None = None,
+    processes: int | None = None,
 ):
-    """The batch sampler and collator of the configured mode (packed: ``packed_budget``). ``configured``:
+    """The batch sampler and collator of the configured mode (packed: ``packed_budget``). ``processes``: a
+    training run's, whose micro-batches make one optimizer step with the accumulation (``length_grouped``
+    groups whole steps by length, ``LengthGroupedSampler``'s ``step_batches``; the other modes' batches make
+    the same steps for every split of a step into micro-batches and processes); None (an evaluation, a
+    tune's trial): batches alone. ``configured``:
     micro_batch_size as configured, where an out-of-memory back-off made ``params``' smaller since: each
     configured batch is cut in ``split`` pieces (``backoff_pieces``: ``2 ** halvings``), the batches of
     every mode the configured ones cut in pieces (packed: their rows), so every sample stays in its step and
@@ -171,8 +176,16 @@ def make_batching(
     if mode == "dynamic":
         sampler = RandomBatches(lengths, size, seed=seed, split=split)
     else:
+        # a step's configured batches: the configured accumulation (a back-off's doubles with its pieces)
+        # x the processes
+        step_batches = max(1, batching.gradient_accumulation_steps // split) * processes if processes else 1
         sampler = LengthGroupedSampler(
-            lengths, size, mega_batch_mult=LENGTH_GROUPED_MEGA_BATCHES, seed=seed, split=split
+            lengths,
+            size,
+            mega_batch_mult=LENGTH_GROUPED_MEGA_BATCHES,
+            seed=seed,
+            split=split,
+            step_batches=step_batches,
         )
     collator = (
         Seq2SeqCollator(
@@ -474,12 +487,14 @@ def micro_batches(
     epoch: int = 0,
     batch: int = 0,
     configured: int | None = None,
+    processes: int | None = None,
 ) -> MicroBatches:
     """The stream of this rank's micro-batches for ``params.batching``, from ``batch`` of ``epoch`` on, in
     the order of ``params.order_seed`` (``train.data_seed``, else ``train.seed``: each rank's shard of one
     order).
     ``configured``: the micro-batch size the run was configured with, where an out-of-memory back-off
-    halved it since (the batches are the configured ones cut in pieces, ``make_batching``)."""
+    halved it since (the batches are the configured ones cut in pieces, ``make_batching``). ``processes``:
+    the run's, whose steps the batches make (default ``layout.world_size``)."""
     sampler, collator = make_batching(
         params,
         dataset.lengths,
@@ -488,6 +503,7 @@ def micro_batches(
         seed=params.order_seed,
         configured=configured,
         sides=layout.sides,
+        processes=processes or layout.world_size,
     )
     sampler.shard(layout.rank, layout.world_size)
     return MicroBatches(
@@ -639,8 +655,12 @@ def trained_samples(
     process. ``configured``: as ``micro_batches``'."""
     if plan.trained(0, layout.world_size) == plan.size(0):
         return np.arange(len(dataset))
-    sampler = micro_batches(
-        dataset, params, replace(layout, rank=0, world_size=1), configured=configured
+    sampler = micro_batches(  # every rank's batches, in the order the run's processes share out
+        dataset,
+        params,
+        replace(layout, rank=0, world_size=1),
+        configured=configured,
+        processes=layout.world_size,
     ).sampler
     batches = sampler.epoch_batches()[: plan.trained(0, layout.world_size)]
     return np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)

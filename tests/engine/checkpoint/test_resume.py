@@ -534,3 +534,36 @@ def _lora_digest(tmp_path, **lora) -> dict:
         world_size=1,
         sharded=False,
     )
+
+
+def test_a_length_grouped_checkpoint_of_the_former_order_starts_fresh_saying_why(tmp_path, caplog):
+    """length_grouped now groups whole optimizer steps by length (``samplers.LengthGroupedSampler``): a
+    checkpoint written under the former order (each micro-batch grouped on its own, no
+    ``batching.length_groups`` in its digest) would continue at its saved position in another order, samples
+    trained twice or never in its epoch. ``auto`` starts fresh and says why; a checkpoint of the same order
+    continues; the other modes' digests have no such field."""
+    from fastlm.engine.checkpoint.resume import run_digest
+
+    grouped = {**BASE, "batching": {"mode": "length_grouped", "micro_batch_size": 4}}
+    _train(toy_params(tmp_path, **grouped))
+    state_file = latest_checkpoint(tmp_path / "checkpoints") / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    assert state["state"]["digest"]["batching.length_groups"] == "whole steps"
+    again = _train(toy_params(tmp_path, **{**grouped, "max_steps": 6}, resume="auto"))
+    assert again.summary["resumed_from_step"] == 4 and not _fresh_lines(caplog)
+    state_file = latest_checkpoint(tmp_path / "checkpoints") / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["state"]["digest"]["batching.length_groups"]  # as an earlier fastlm wrote it
+    state_file.write_text(json.dumps(state))
+    with caplog.at_level(logging.INFO):
+        fresh = _train(toy_params(tmp_path, **{**grouped, "max_steps": 8}, resume="auto"))
+    assert fresh.summary["resumed_from_step"] is None
+    [line] = _fresh_lines(caplog)
+    assert (
+        "batching.length_groups None -> whole steps (the checkpoint, from an earlier fastlm, grouped each "
+        "micro-batch by length on its own: another data order)" in line
+    ), line
+    for mode in ("packed", "dynamic"):
+        params = toy_params(tmp_path, **{**BASE, "batching": {"mode": mode}})
+        digest = run_digest(toy_model(), params, max_length=64, data="d", world_size=1, sharded=False)
+        assert "batching.length_groups" not in digest

@@ -25,7 +25,9 @@ digest (:func:`run_digest`) records, as readable fields:
   ``seed``'s, so a checkpoint written before it existed, which has none, reads as null),
   ``batching.row_length`` (packed: the rows' length in use, ``auto`` resolved, which the device's
   float8 token multiple may round) and ``batching.pad_to_multiple_of``: the data order and the meaning of
-  the saved micro-batch position;
+  the saved micro-batch position; ``batching.length_groups`` (length-grouped batches: ``whole steps``,
+  ``samplers.LengthGroupedSampler``; absent from a checkpoint of an earlier fastlm, whose micro-batches were
+  each grouped on their own, another order, so that one starts fresh; no field for the other modes);
 - ``loss.label_smoothing`` and ``model.neftune_noise_alpha`` (NEFTune's noise on the training embeddings):
   the objective the train losses measure (a run continued under another would mix two in its curve, its
   summary and its report's label, which name one); with early stopping, ``eval_max_batches``: the
@@ -118,11 +120,14 @@ def run_digest(
     sharded: bool,
     row_length: int | None = None,
     text_ends=None,
+    length_grouped: bool | None = None,
 ) -> dict[str, Any]:
     """The fields a checkpoint must share with this run to be resumed (see the module docstring).
     ``row_length``: the packed rows' length in use (``auto`` resolved: the device's float8 token multiple may
     round it, which no other field sees); None: the configured one. ``text_ends``: the special tokens an
-    encoder-decoder model's rows get around the split's ids (``collators.TextEnds``; None: a causal LM)."""
+    encoder-decoder model's rows get around the split's ids (``collators.TextEnds``; None: a causal LM).
+    ``length_grouped``: the run's batches are grouped by length (an encoder-decoder's ``packed`` may be);
+    None: ``batching.mode`` says."""
     shapes = [[name, list(param.shape)] for name, param in model.named_parameters()]
     source = params.model.name_or_path
     if source is not None and Path(source).expanduser().is_dir():
@@ -150,6 +155,8 @@ def run_digest(
         LABEL_SMOOTHING: params.loss.label_smoothing,  # the objective the train losses measure
         NEFTUNE: params.model.neftune_noise_alpha,  # the embeddings' noise: the objective too
     }
+    if length_grouped if length_grouped is not None else params.batching.mode == "length_grouped":
+        digest[LENGTH_GROUPS] = WHOLE_STEPS  # the order's rule: an earlier fastlm's checkpoint has none
     if params.early_stopping.patience is not None:  # the batches its best validation loss was measured on
         digest[EVAL_MAX_BATCHES] = params.eval_max_batches
     if text_ends is not None and (text_ends.head or text_ends.tail):
@@ -257,6 +264,8 @@ RECORDED_ONLY = frozenset({"distributed.strategy"})
 LABEL_SMOOTHING = "loss.label_smoothing"
 NEFTUNE = "model.neftune_noise_alpha"
 EVAL_MAX_BATCHES = "eval_max_batches"
+LENGTH_GROUPS = "batching.length_groups"
+WHOLE_STEPS = "whole steps"  # length_grouped sorts whole optimizer steps, then cuts them in micro-batches
 # Fields added after checkpoints were written without them: compared only where the checkpoint recorded one.
 ADDED_LATER = frozenset({LABEL_SMOOTHING, NEFTUNE, EVAL_MAX_BATCHES})
 
@@ -321,6 +330,11 @@ def _unrecorded(key: str, saved: Any, now: Any) -> str:
     means: ``row_length: auto`` as configured, not the length it packed to, which may differ."""
     if key == "batching.row_length" and saved == "auto" and isinstance(now, int):
         return " (the checkpoint, from an earlier fastlm, recorded auto, not the length it packed to)"
+    if key == LENGTH_GROUPS and saved is None:
+        return (
+            " (the checkpoint, from an earlier fastlm, grouped each micro-batch by length on its own: "
+            "another data order)"
+        )
     return ""
 
 

@@ -14,9 +14,13 @@ Packed batches each fill the same token budget, so the shards are balanced by to
 ``start_batch`` and ``len()`` count this shard's batches.
 
 * ``LengthGroupedSampler`` (with ``collators.DynamicPaddingCollator``): shuffle, cut the order into
-  mega-batches of ``mega_batch_mult * batch_size`` samples, sort each mega-batch by length (longest first),
-  cut it into batches, and shuffle the order of all the batches. Batches hold samples of similar lengths,
-  so padding to the longest of the batch wastes little, while the epoch stays random at the batch level.
+  mega-batches of ``mega_batch_mult`` optimizer steps (``step_batches * batch_size`` samples a step), sort
+  each mega-batch by length (longest first), cut it into steps, shuffle the order of the whole steps (an
+  epoch's short last step stays last) and cut each step into its batches. Batches hold samples of similar
+  lengths, so padding to the longest of the batch wastes little, while the epoch stays random at the step
+  level; and a step holds the same samples however it is cut into micro-batches and processes (as the
+  Trainer's ``group_by_length`` sorts by ``train_batch_size * gradient_accumulation_steps``), so 4 x 1 and
+  2 x 2 train the same steps.
 * ``PackedBatchSampler`` (with ``collators.PackedCollator``): the batches of
   ``packing.pack_by_token_budget`` for the epoch's generator.
 """
@@ -30,9 +34,10 @@ from fastlm.engine.data.packing import Packing, TokenBudget, pack_by_token_budge
 
 __all__ = ["LENGTH_GROUPED_MEGA_BATCHES", "LengthGroupedSampler", "PackedBatchSampler", "epoch_rng"]
 
-# Batches per mega-batch of the ``length_grouped`` mode. The Hugging Face Trainer's ``group_by_length`` sorts
-# mega-batches of 50 batches; 100 halves the padding on short real texts (realistic 32-sample batches of
-# ~10-token reviews: about 2.5 % instead of 4.5 %) and the batch order stays random.
+# Optimizer steps per mega-batch of the ``length_grouped`` mode (batches where a step is one batch). The
+# Hugging Face Trainer's ``group_by_length`` sorts mega-batches of 50 of its ``train_batch_size *
+# gradient_accumulation_steps``; 100 halves the padding on short real texts (realistic 32-sample batches of
+# ~10-token reviews: about 2.5 % instead of 4.5 %) and the step order stays random.
 LENGTH_GROUPED_MEGA_BATCHES = 100
 
 
@@ -107,6 +112,10 @@ class _EpochBatchSampler(Sampler[list[int]]):
 class LengthGroupedSampler(_EpochBatchSampler):
     """Batches of ``batch_size`` samples of similar lengths, in a random order (see the module docstring).
 
+    ``step_batches``: the batches of one optimizer step, over all processes (the configured accumulation x
+    processes): the steps are grouped by length and shuffled whole, then cut into their batches, so a step
+    holds the samples one batch of ``step_batches * batch_size`` would (see the module docstring).
+
     ``split`` > 1: the batches of ``batch_size`` samples (the micro-batch the run was configured with), each
     cut in ``split`` consecutive pieces of at most ``ceil(batch_size / split)`` samples (a short batch's last
     ones empty): an out-of-memory back-off that halves the micro-batch keeps every sample where it was
@@ -124,11 +133,12 @@ class LengthGroupedSampler(_EpochBatchSampler):
         start_batch: int = 0,
         drop_last: bool = False,
         split: int = 1,
+        step_batches: int = 1,
     ) -> None:
-        if batch_size < 1 or mega_batch_mult < 1 or split < 1:
-            raise ValueError("batch_size, mega_batch_mult and split must be >= 1")
+        if batch_size < 1 or mega_batch_mult < 1 or split < 1 or step_batches < 1:
+            raise ValueError("batch_size, mega_batch_mult, split and step_batches must be >= 1")
         self.batch_size, self.mega_batch_mult, self.drop_last = batch_size, mega_batch_mult, drop_last
-        self.split = split
+        self.split, self.step_batches = split, step_batches
         self._length: int | None = None  # the batches of an epoch, of every epoch
         super().__init__(lengths, seed=seed, epoch=epoch, start_batch=start_batch)
 
@@ -142,15 +152,20 @@ class LengthGroupedSampler(_EpochBatchSampler):
     def _make_batches(self, rng: np.random.Generator) -> list[np.ndarray]:
         order = rng.permutation(self.lengths.size)
         size = self.batch_size
-        mega = size * self.mega_batch_mult
-        batches: list[np.ndarray] = []
+        step = size * self.step_batches
+        mega = step * self.mega_batch_mult
+        steps: list[np.ndarray] = []
         for start in range(0, order.size, mega):
             chunk = order[start : start + mega]
             chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
-            batches.extend(chunk[i : i + size] for i in range(0, chunk.size, size))
+            steps.extend(chunk[i : i + step] for i in range(0, chunk.size, step))
+        # only the last mega-batch can end with a short step: it stays last, so every step before it is whole
+        short = [steps.pop()] if steps and steps[-1].size < step else []
+        steps = [steps[k] for k in rng.permutation(len(steps)).tolist()] + short
+        batches = [whole[i : i + size] for whole in steps for i in range(0, whole.size, size)]
         if self.drop_last and batches and batches[-1].size < size:
-            batches.pop()  # only the last mega-batch can end with a short batch
-        return self.pieces([batches[k] for k in rng.permutation(len(batches)).tolist()])
+            batches.pop()  # only the short step can end with a short batch
+        return self.pieces(batches)
 
     def pieces(self, batches: list[np.ndarray]) -> list[np.ndarray]:
         """``batches``, each cut in ``split`` consecutive pieces (a batch of fewer samples: some empty)."""

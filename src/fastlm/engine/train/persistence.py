@@ -85,6 +85,8 @@ class Checkpointer:
             sharded=self.sharded,
             row_length=plan.row_length,  # ``auto`` resolved: the packing a data position means
             text_ends=_encoder_decoder_ends(model, train_set),
+            # batches grouped by length: length_grouped, or an encoder-decoder's packed that cannot pack
+            length_grouped=plan.row_length is None and params.batching.mode != "dynamic",
             data=data_digest(
                 train_set.values, train_set.offsets, train_set.prompt_lengths, train_set.answer_spans
             ),
