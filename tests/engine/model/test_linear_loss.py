@@ -312,3 +312,59 @@ def test_a_model_that_soft_caps_its_logits_under_another_name_keeps_the_plain_he
     plain_loss, plain = step_loss_and_grads(model, batches)
     chosen_loss, chosen = step_loss_and_grads(model, batches, fused_head=head)
     assert torch.equal(chosen_loss, plain_loss) and all(torch.equal(chosen[n], g) for n, g in plain.items())
+
+
+def test_a_lora_run_that_trains_a_copy_of_the_head_fuses_that_copy():
+    """``lora.modules_to_save: [lm_head]`` (a head trained in full beside the adapters, e.g. for added
+    tokens): peft's wrapper computes the logits with its trained copy, a plain Linear. That copy is fused: no
+    [tokens x vocab] logits (the plain head's would be 4 GB for a 128k vocabulary), the same loss and
+    gradients as the plain head's, the copy's weight among them; the frozen original stays untouched."""
+    from peft import LoraConfig, get_peft_model
+
+    from fastlm.engine.model.linear_loss import fused_head_choice
+
+    model = get_peft_model(
+        tiny_llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"])
+    )
+    wrapper = model.get_output_embeddings()
+    copy = wrapper.modules_to_save["default"]
+    head, why = fused_head_choice(model, True)
+    assert head is copy and "fused" in why and "trained copy" in why
+    batches = [packed_batch(VOCAB), packed_batch(VOCAB)]
+    plain_loss, plain = step_loss_and_grads(model, batches)
+    fused_loss, fused = step_loss_and_grads(model, batches, fused_head=head)
+    assert plain.keys() == fused.keys() and any("modules_to_save" in name for name in fused)
+    torch.testing.assert_close(fused_loss, plain_loss, **OTHER_FP32_KERNEL)
+    for name, grad in fused.items():
+        torch.testing.assert_close(grad, plain[name], **OTHER_FP32_KERNEL_GRAD, msg=name)
+    assert wrapper.original_module.weight.grad is None
+    model.disable_adapter_layers()  # the original head computes: nothing to fuse of the copy
+    assert fused_head_choice(model, True)[0] is None
+
+
+def test_a_trained_head_copy_over_a_bf16_base_fuses_under_bf16_autocast():
+    """The copy trains in fp32 over a bf16 frozen base (``lora.apply_lora``: its input cast to fp32 by a
+    hook): fused, its products run in autocast's bf16 as the plain copy's matmul does, the loss and the
+    trained gradients the plain step's within bf16's rounding."""
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.model import lora
+    from fastlm.engine.model.linear_loss import fused_head_choice
+
+    raw = {"model": {"lora": {"enabled": True, "r": 4, "modules_to_save": ["lm_head"]}}}
+    model = lora.apply_lora(
+        tiny_llama().to(torch.bfloat16), parse_train_params(raw).model.lora, gradient_checkpointing="off"
+    )
+    head, _ = fused_head_choice(model, True)
+    assert head is not None and head.weight.dtype == torch.float32 and head.weight.requires_grad
+    batches = [packed_batch(VOCAB)]
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    plain_loss, plain = step_loss_and_grads(model, batches, autocast=autocast)
+    fused_loss, fused = step_loss_and_grads(model, batches, autocast=autocast, fused_head=head)
+    assert plain.keys() == fused.keys() and all(g.dtype == torch.float32 for g in fused.values())
+    torch.testing.assert_close(fused_loss, plain_loss, rtol=BF16_VS_FP32["rtol"], atol=0)
+    for name, grad in fused.items():
+        want = plain[name]
+        torch.testing.assert_close(grad, want, rtol=0.05, atol=0.05 * want.abs().max().item(), msg=name)

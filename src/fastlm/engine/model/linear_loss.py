@@ -274,13 +274,17 @@ def reference_linear_cross_entropy_sum(
 def fused_head_choice(model: torch.nn.Module, request: bool | str) -> tuple[torch.nn.Linear | None, str]:
     """The LM head whose matmul ``linear_cross_entropy_sum`` does in training (``train.loss.fused_linear``),
     or None, and why, in words for the log. ``auto``: fused for vocabularies of ``FUSED_MIN_VOCAB`` and
-    more. Under FSDP2 too: the head belongs to the root group, whose parameters stay unsharded from the
-    model's forward to the root's post-backward (``fully_shard``'s root does not reshard after forward), so
-    the loss reads the whole weight after the forward and its gradient is reduce-scattered with the rest."""
+    more. A LoRA run's head trained in full (``lora.modules_to_save: [lm_head]``): peft's wrapper computes the
+    logits with its trained copy, the module returned. Under FSDP2 too: the head belongs to the root group,
+    whose parameters stay unsharded from the model's forward to the root's post-backward (``fully_shard``'s
+    root does not reshard after forward), so the loss reads the whole weight after the forward and its
+    gradient is reduce-scattered with the rest."""
     if request is False:
         return None, "plain LM head (train.loss.fused_linear: false)"
     base = unwrapped(model)
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    copy = _trained_copy(head)
+    head = copy if copy is not None else head
     config = getattr(base, "config", None)
     if getattr(config, "is_encoder_decoder", False):
         problem = "an encoder-decoder model (its head adds a bias or a scale after the matmul)"
@@ -297,7 +301,22 @@ def fused_head_choice(model: torch.nn.Module, request: bool | str) -> tuple[torc
     vocab = head.out_features
     if request == "auto" and vocab < FUSED_MIN_VOCAB:
         return None, f"plain LM head (auto: a vocabulary of {vocab:,} < {FUSED_MIN_VOCAB:,}: small logits)"
-    return head, f"fused LM head + loss: no [tokens x {vocab:,}] logits (train.loss.fused_linear: {request})"
+    which = " (the trained copy of the head, lora.modules_to_save)" if copy is not None else ""
+    return head, (
+        f"fused LM head + loss{which}: no [tokens x {vocab:,}] logits (train.loss.fused_linear: {request})"
+    )
+
+
+def _trained_copy(head) -> torch.nn.Module | None:
+    """The module that computes the logits in place of ``head`` where ``head`` is peft's wrapper of a head
+    trained in full (``lora.modules_to_save: [lm_head]``): its active adapter's copy, else None."""
+    copies = getattr(head, "modules_to_save", None)
+    if not isinstance(copies, torch.nn.ModuleDict) or getattr(head, "original_module", None) is None:
+        return None
+    active = list(getattr(head, "active_adapters", None) or [])
+    if getattr(head, "disable_adapters", False) or len(active) != 1 or active[0] not in copies:
+        return None
+    return copies[active[0]]
 
 
 def _changes_logits_after_head(config) -> bool:
