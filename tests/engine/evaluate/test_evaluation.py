@@ -669,3 +669,61 @@ def test_the_perplexity_of_a_loss_above_50_is_its_exp_and_inf_past_the_float_ran
         else:
             assert metrics["perplexity"] == math.inf
     assert losses[0] < 709.0 < losses[1]
+
+
+@pytest.mark.parametrize("mode", ["packed", "dynamic"])
+def test_a_validation_with_the_fused_head_makes_no_tokens_by_vocab_logits(setup, mode, monkeypatch):
+    """Training with ``train.loss.fused_linear`` holds no ``[tokens x vocab]`` logits; its validation (the
+    loss only) computed them all, with their fp32 copy, in micro-batches of the training's size: 4 GB and
+    more for 8k tokens of a 128k vocabulary, at every ``eval_every``. With the run's fused head
+    (``EvalOptions.fused_head``) the validation's loss runs through it too: the plain loss (no label
+    smoothing), no logits, no gradient buffer."""
+    from fastlm.engine.model import linear_loss
+    from fastlm.engine.model.accumulation import FusedHead
+
+    model, tokenizer, data, runtime = setup
+    params = _params(mode)
+    vocab = model.config.vocab_size
+    monkeypatch.setattr(linear_loss, "LINEAR_CE_CHUNK_ELEMENTS", 4 * vocab)  # chunks of 4 tokens
+    plain = _loss_only(model, data, tokenizer, runtime, params).metrics
+    reports = []
+
+    def fused_pass():
+        reports.append(
+            _loss_only(model, data, tokenizer, runtime, params, fused_head=FusedHead(model.lm_head))
+        )
+
+    assert vocab_wide_rows(fused_pass, vocab) == 4  # the chunks' logits, never more rows
+    fused = reports[0].metrics
+    assert fused["target_tokens"] == plain["target_tokens"] and fused["samples"] == plain["samples"]
+    # the head's matmul chunk by chunk vs whole, the sums reordered over the tokens
+    assert math.isclose(fused["loss"], plain["loss"], rel_tol=reordered_sum_rtol(plain["target_tokens"]))
+    assert vocab_wide_rows(lambda: _loss_only(model, data, tokenizer, runtime, params), vocab) > 4 * 16
+    assert all(p.grad is None for p in model.parameters())
+    assert model.lm_head.forward.__func__ is torch.nn.Linear.forward
+
+
+def vocab_wide_rows(function, vocab: int) -> int:
+    """The most rows (elements / ``vocab``) of a NEW tensor ending in a ``vocab``-wide dimension that
+    ``function()`` makes: logits, or a chunk of them."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Widest(TorchDispatchMode):
+        rows = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {
+                t.untyped_storage().data_ptr()
+                for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor)
+            }
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == vocab:
+                    if t.untyped_storage().data_ptr() not in inputs:
+                        Widest.rows = max(Widest.rows, t.numel() // vocab)
+            return out
+
+    with Widest():
+        function()
+    return Widest.rows

@@ -368,3 +368,33 @@ def test_a_trained_head_copy_over_a_bf16_base_fuses_under_bf16_autocast():
     for name, grad in fused.items():
         want = plain[name]
         torch.testing.assert_close(grad, want, rtol=0.05, atol=0.05 * want.abs().max().item(), msg=name)
+
+
+def test_a_fused_run_validates_through_its_fused_head(tmp_path, monkeypatch):
+    """The validation of a run with the fused head (every ``eval_every``, micro-batches of the training's
+    size) runs its loss through that head too, no logits, and reports the plain head's validation loss."""
+    from fastlm.engine.evaluate import evaluation
+    from tests.support.tolerances import TRAINED_FP32_LOSS_REL
+    from tests.support.toy_training import run_toy, toy_params
+
+    through = []
+    fused_loss_sum = evaluation._fused_loss_sum
+
+    def counted(model, batch, fused):
+        through.append(fused.head)
+        return fused_loss_sum(model, batch, fused)
+
+    monkeypatch.setattr(evaluation, "_fused_loss_sum", counted)
+    steps = {
+        "max_steps": 2,
+        "log_every": 1,
+        "eval_every": 2,
+        "runtime": {"precision": "fp32", "compile": False},
+    }
+    plain = run_toy(toy_params(tmp_path / "plain", loss={"fused_linear": False}, **steps))
+    assert through == []
+    fused = run_toy(toy_params(tmp_path / "fused", loss={"fused_linear": True}, **steps))
+    assert through and all(type(head) is torch.nn.Linear for head in through)
+    assert fused.eval_history[-1]["val_loss"] == pytest.approx(
+        plain.eval_history[-1]["val_loss"], rel=TRAINED_FP32_LOSS_REL
+    )

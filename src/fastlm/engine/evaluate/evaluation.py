@@ -8,7 +8,8 @@ the end:
 
 * always: loss (mean over target tokens, the ``loss.causal_lm_loss_sum`` definition: position t predicts label
   t+1, -100 ignored), perplexity, target tokens, samples, wall seconds and real tokens / s; summed over the
-  ranks of a data-parallel run;
+  ranks of a data-parallel run; without the analysis, through training's fused LM head where it has one
+  (``EvalOptions.fused_head``: no ``[tokens x vocab]`` logits in a validation either);
 * with ``analysis=True``: next-token accuracy (argmax == target), top-k accuracy (target among the k largest
   logits), and
 * the most frequent wrong predictions, as (target, predicted) token pairs: each wrong position adds one to
@@ -53,9 +54,12 @@ from fastlm.engine.data.schema import IGNORE_INDEX, shift_labels
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import Collectives, SingleProcess
 from fastlm.engine.evaluate.line_ends import lf_line_ends
+from fastlm.engine.model.accumulation import FusedHead
 from fastlm.engine.model.attention.inputs import to_device
 from fastlm.engine.model.attention.windows import enable_packed_windows, packing_leak
 from fastlm.engine.model.encoder_decoder import unwrapped
+from fastlm.engine.model.liger import fused_linear_cross_entropy_sum
+from fastlm.engine.model.linear_loss import head_returns_hidden
 from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.errors import OutOfMemory
@@ -168,6 +172,9 @@ class EvalOptions:
     worst: int = 10
     pairs: int = 20
     micro_batch_size: int | None = None
+    # training's fused LM head (``accumulation.FusedHead``): the loss without the error analysis runs through
+    # it, as the steps' does: no [tokens x vocab] logits (None: the plain head's logits)
+    fused_head: FusedHead | None = None
 
 
 def perplexity(loss: float) -> float:
@@ -338,6 +345,14 @@ def _one_pass(model, dataset: TokenSequences, params: TrainParams, setting: _Pas
                 if host is None:  # a back-off's empty piece of a short batch
                     continue
                 batch = filler = to_device(host, device, setting.attn)
+                if errors is None and options.fused_head is not None:
+                    with setting.runtime.autocast_context():
+                        batch_sum, batch_targets = _fused_loss_sum(model, batch, options.fused_head)
+                    loss_sum += batch_sum
+                    n_targets += batch_targets
+                    real_tokens += int(host["num_real_tokens"])
+                    samples += int(host["num_samples"])
+                    continue
                 with setting.runtime.autocast_context():
                     logits = forward_logits(model, batch)
                 if errors is None:
@@ -589,3 +604,22 @@ def _scored(tokenizer, dataset: TokenSequences, sample: int, sides: Seq2SeqSides
 def _token(tokenizer, token_id: int) -> str:
     token = tokenizer.convert_ids_to_tokens(int(token_id))
     return lf_line_ends(token) if token is not None else f"<{token_id}>"
+
+
+def _fused_loss_sum(model, batch: dict, fused: FusedHead) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's summed loss (fp32, no label smoothing) and target count through training's fused head
+    (``EvalOptions.fused_head``): the model's hidden states before the head, then its matmul and the loss
+    chunk by chunk (``liger.fused_linear_cross_entropy_sum``, the run's kernel). The weight is detached: under
+    ``no_grad`` an autograd function still sees its inputs' ``requires_grad`` and would compute gradients."""
+    head = fused.head
+    with head_returns_hidden(head):
+        hidden = forward_logits(model, batch)
+    targets = shift_labels(batch["labels"], IGNORE_INDEX).reshape(-1)
+    loss_sum = fused_linear_cross_entropy_sum(
+        fused.kernel,
+        hidden.reshape(-1, hidden.size(-1)).detach(),
+        head.weight.detach(),
+        targets,
+        head.bias.detach() if head.bias is not None else None,
+    )
+    return loss_sum, (targets != IGNORE_INDEX).sum()

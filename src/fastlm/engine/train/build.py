@@ -42,6 +42,7 @@ from fastlm.engine.config import OptimizerParams, TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import Collectives, SingleProcess, gradient_sync, wrap_model
 from fastlm.engine.evaluate.evaluation import EvalOptions, EvaluationReport, evaluate
+from fastlm.engine.model.accumulation import FusedHead
 from fastlm.engine.model.attention.choice import attention_path, attention_when_compiled
 from fastlm.engine.model.attention.inputs import packed_inputs, to_device
 from fastlm.engine.model.attention.kernels import VARLEN_ONLY
@@ -330,7 +331,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         state, metrics, raw_model, params, opt, request.callbacks, comm, total_steps=total_steps
     )
     profiler = step_profiler(params.profile, device, enabled=comm.is_main)
-    validate = _validation(request, model, params=params, runtime=runtime, attn=attn)
+    validate = _validation(request, model, params=params, runtime=runtime, attn=attn, fused=opt.fused_head)
     lengths = request.train_set.lengths
     # the samples the ranks train of an epoch: several processes leave its last ``N mod processes`` out
     trained = trained_samples(
@@ -477,7 +478,13 @@ def _float8_may_train(params: TrainParams, model: torch.nn.Module, device: torch
 
 
 def _validation(
-    request: TrainRequest, model: torch.nn.Module, *, params: TrainParams, runtime: Runtime, attn: str
+    request: TrainRequest,
+    model: torch.nn.Module,
+    *,
+    params: TrainParams,
+    runtime: Runtime,
+    attn: str,
+    fused: FusedHead | None = None,
 ) -> Callable[[], dict] | None:
     """The validation metrics' function (``evaluation.evaluate``, loss only, ``train.eval_max_batches``
     batches); None without a validation split. FSDP's forward is collective: every rank evaluates the wrapped
@@ -492,11 +499,20 @@ def _validation(
     again). With ``compile_scope: model`` the raw model evaluates uncompiled, so it evaluates on the run's
     choice before the compiled switch (``request.attn``): the additive mask ``attention_when_compiled`` trains
     on pays only compiled; uncompiled it took 3.6x SDPA's time on rows of 2,048 (docs/benchmarks.md, "The
-    compiled CPU step's regions")."""
+    compiled CPU step's regions").
+
+    ``fused``: the steps' fused LM head (``Optimization.fused_head``): the validation's loss runs through it
+    too (``EvalOptions.fused_head``), no ``[tokens x vocab]`` logits, except under FSDP2, whose evaluation
+    forward leaves the head's weight to its sharding."""
     if request.eval_set is None:
         return None
     fsdp = params.distributed.strategy == "fsdp"
-    options = EvalOptions(max_batches=params.eval_max_batches, comm=request.comm, collective_forward=fsdp)
+    options = EvalOptions(
+        max_batches=params.eval_max_batches,
+        comm=request.comm,
+        collective_forward=fsdp,
+        fused_head=None if fsdp else fused,
+    )
     evaluated = model if fsdp else request.model
     on = attn if fsdp or (runtime.compile and runtime.compile_scope == "layers") else request.attn
     return _Validation(
