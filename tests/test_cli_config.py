@@ -59,6 +59,47 @@ def test_without_a_config_file_the_command_lines_params_are_kedros(given, tmp_pa
     assert given["params"] == {"split": {"max_length": 64}} and given["pipelines"] == ["split"]
 
 
+# A list or mapping typed in --params: Kedro cut the text at every comma, so a list of two items was refused
+# as "Item `v_proj]` must contain a key and a value separated by `=`" (kedro-org/kedro#2552), a message
+# naming half a value. The commas inside brackets, braces or quotes belong to the value.
+LISTS = (
+    (
+        "train.model.lora.target_modules=[q_proj,v_proj],train.seed=1",
+        {"train": {"model": {"lora": {"target_modules": ["q_proj", "v_proj"]}}, "seed": 1}},
+    ),
+    ('report.prompts=["Hello, world", "배송"]', {"report": {"prompts": ["Hello, world", "배송"]}}),
+    (
+        "train.optimizer={lr: 0.002, weight_decay: 0.0},run_name=x",
+        {"train": {"optimizer": {"lr": 0.002, "weight_decay": 0.0}}, "run_name": "x"},
+    ),
+    ("split.prompt_template='Q, then A: {prompt}',train.seed=2", None),
+    ("run_name=a[b,train.seed=1", {"run_name": "a[b", "train": {"seed": 1}}),  # no list: cut as Kedro cuts
+    ("run_name=it's,train.seed=1", {"run_name": "it's", "train": {"seed": 1}}),
+)
+
+
+@pytest.mark.parametrize(("typed", "expected"), LISTS)
+def test_a_list_or_mapping_in_params_keeps_the_commas_inside_it(given, tmp_path, typed, expected):
+    done = CliRunner().invoke(cli.run, ["--pipeline=train", "--params", typed])
+    assert done.exit_code == 0, done.output
+    if expected is None:
+        expected = {"split": {"prompt_template": "Q, then A: {prompt}"}, "train": {"seed": 2}}
+    assert given["params"] == expected
+
+
+def test_a_config_files_params_text_keeps_the_commas_of_its_lists(given, tmp_path):
+    _run(tmp_path, "train.model.lora.target_modules=[q_proj,v_proj]", "--params", "train.seed=2")
+    assert given["params"] == {
+        "train": {"model": {"lora": {"target_modules": ["q_proj", "v_proj"]}}, "seed": 2}
+    }
+
+
+def test_an_item_without_a_value_in_params_is_still_refused_by_kedro(given, tmp_path):
+    done = CliRunner().invoke(cli.run, ["--pipeline=train", "--params", "train.seed=1,oops"])
+    assert done.exit_code == 2 and "Item `oops` must contain a key and a value" in done.output, done.output
+    assert given == {}
+
+
 def test_a_key_given_as_a_value_and_as_a_group_is_refused_as_a_config_error():
     """``train: 5`` beside ``train.max_steps: 3`` names no parameter: a ConfigError (the CLI's one line and
     exit 2, as for every ConfigError: tests/test_bad_input_matrix.py), not a traceback."""

@@ -193,15 +193,13 @@ def check_params_text(raw: str | None) -> None:
     `` #`` (or a leading ``#``) starts a comment, so ``run_name=실험 #3`` ran as ``실험`` and
     ``train.checkpoint_dir=ckpt #2`` wrote into ``ckpt``, silently (``#`` inside a word, ``a#b``, and quoted
     values are kept as typed). A value the locale's encoding cannot read is refused (``_undecodable``)."""
-    from kedro.framework.cli.utils import split_string
-
     if raw and _undecodable(raw):
         raise ConfigError(
             f"--params {_as_typed(raw)}: its bytes are not text in the locale's encoding "
             f"({_locale_encoding()}), so Kedro cannot read the values.",
             fix=f"{_UTF8_LOCALE}; or type the value in the locale's encoding.",
         )
-    for item in split_string(None, None, raw or ""):
+    for item in params_items(raw or ""):
         key, _, value = item.partition("=")
         typed = value.strip()
         if typed[:1] in ("'", '"') or not _YAML_COMMENT.search(typed):
@@ -221,6 +219,57 @@ def _undecodable(text: str) -> bool:
     return any("\udc80" <= char <= "\udcff" for char in text)
 
 
+_OPENS_A_VALUE = ("", "=", "[", "{", ",", ":")  # what precedes a quote that starts a quoted YAML value
+
+
+def params_items(text: str) -> list[str]:
+    """``--params`` text cut into its ``key=value`` items at the commas outside brackets, braces and quoted
+    values, so that a list or mapping keeps its commas (``target_modules=[q_proj,v_proj]``,
+    ``report.prompts=["Hello, world"]``); Kedro cuts at every comma (kedro-org/kedro#2552: the list was
+    refused as "Item `v_proj]` must contain a key and a value"). A text whose brackets or quotes do not
+    close is cut at every comma, as Kedro cuts it."""
+    items, start, depth, quote = [], 0, 0, None
+    for at, char in enumerate(text):
+        if quote is not None:
+            quote = None if char == quote else quote
+        elif char in "'\"" and text[:at].rstrip()[-1:] in _OPENS_A_VALUE:
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+            if depth < 0:
+                break
+        elif char == "," and depth == 0:
+            items.append(text[start:at])
+            start = at + 1
+    else:
+        if depth == 0 and quote is None:
+            return [item.strip() for item in [*items, text[start:]] if item.strip()]
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def parse_params(ctx: click.Context, param: click.Parameter, value) -> dict:
+    """Kedro's ``--params`` parsing (each ``key=value`` read as YAML by OmegaConf, nested at its dots) of the
+    items :func:`params_items` cuts; a mapping (a ``--config`` file's) as it is."""
+    if isinstance(value, dict):
+        return value
+    from omegaconf import OmegaConf
+
+    dot_list = []
+    for item in params_items(value or ""):
+        key, equals, typed = item.partition("=")
+        if not equals:
+            ctx.fail(
+                f"Invalid format of `{param.name}` option: Item `{item}` must contain a key and a value "
+                "separated by `=`."
+            )
+        if not key.strip():
+            ctx.fail(f"Invalid format of `{param.name}` option: Parameter key cannot be an empty string.")
+        dot_list.append(f"{key.strip()}={typed}")
+    return OmegaConf.to_container(OmegaConf.from_dotlist(dot_list))
+
+
 def _params_text_kept(option: click.Parameter) -> click.Parameter:
     """Kedro's ``--params`` option, keeping the text as typed in the context (``check_params_text``); a text
     the locale could not decode is not parsed (Kedro's YAML parsing raised UnicodeEncodeError's traceback),
@@ -228,14 +277,13 @@ def _params_text_kept(option: click.Parameter) -> click.Parameter:
     if option.name != "params" or option.callback is None:
         return option
     kept = copy.copy(option)
-    parse = option.callback
 
     def callback(ctx: click.Context, param: click.Parameter, value):
         if isinstance(value, str):
             ctx.meta[RAW_PARAMS] = value
             if _undecodable(value):
                 return {}
-        return parse(ctx, param, value)
+        return parse_params(ctx, param, value)
 
     kept.callback = callback
     return kept
@@ -263,11 +311,9 @@ def run_params(in_file: dict | str | None, params: dict | None) -> dict:
     if not in_file:
         return given
     if isinstance(in_file, str):
-        from kedro.framework.cli.utils import _split_params
-
         context = click.get_current_context()
         option = next(param for param in context.command.params if param.name == "params")
-        in_file = _split_params(context, option, in_file)
+        in_file = parse_params(context, option, in_file)
     return _merged(_nested(in_file), given)
 
 
