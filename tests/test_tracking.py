@@ -379,6 +379,34 @@ def test_runs_left_running_by_a_process_that_is_gone_are_ended_killed(tmp_path, 
         mlflow.set_tracking_uri(None)
 
 
+def test_the_line_of_runs_ended_killed_names_each_run_by_its_name(tmp_path, empty_mlflow_db, caplog):
+    """The line saying which runs a killed process left RUNNING names them as the user named them
+    (``run_name``, the MLflow UI's run name), with the id beside. Was: the ids alone
+    (``ended KILLED: e6bb345899f6425a825c5a3be6c4ab38``), a run the user had to look up."""
+    import logging
+    import subprocess
+    import sys
+
+    from fastlm.tracking import PROCESS_TAG, end_runs_of_gone_processes, process_tag
+
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+        host, namespace, _ = process_tag().split("|")
+        client = mlflow.MlflowClient()
+        experiment = client.create_experiment("e")
+        tags = {PROCESS_TAG: f"{host}|{namespace}|{int(gone.stdout)}"}
+        run_id = client.create_run(experiment, tags=tags, run_name="lora-r16").info.run_id
+        with caplog.at_level(logging.INFO, logger="fastlm.tracking"):
+            assert end_runs_of_gone_processes(mlflow, experiment) == [run_id]
+        lines = [record.getMessage() for record in caplog.records if "ended KILLED" in record.getMessage()]
+        assert len(lines) == 1 and f"lora-r16 ({run_id})" in lines[0], lines
+        assert "1 run left RUNNING" in lines[0], lines
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
 def test_a_notebook_session_points_mlflow_at_the_projects_store_before_any_run(
     kedro_project, monkeypatch, empty_mlflow_db
 ):

@@ -264,10 +264,10 @@ def process_tag(pid: int | None = None) -> str:
 
 def end_runs_of_gone_processes(mlflow, experiment_id: str) -> list[str]:
     """End KILLED the runs of ``experiment_id`` still RUNNING whose process (``PROCESS_TAG``, on this host and
-    in this PID namespace) no longer runs; their ids. A run of another host or namespace, or without the tag
-    (another tool's), is left as it is."""
+    in this PID namespace) no longer runs, said in one line naming them (``run_name (id)``); their ids. A run
+    of another host or namespace, or without the tag (another tool's), is left as it is."""
     host, namespace, _ = process_tag().split("|")
-    ended = []
+    ended, named = [], []  # the ids; the runs by name (the id beside) for the line
     try:  # a store that cannot search or end runs: this run's tracking goes on
         client = mlflow.MlflowClient()
         running = client.search_runs(
@@ -281,14 +281,16 @@ def end_runs_of_gone_processes(mlflow, experiment_id: str) -> list[str]:
                 continue
             client.set_terminated(run.info.run_id, "KILLED")
             ended.append(run.info.run_id)
+            named.append(f"{run.info.run_name} ({run.info.run_id})" if run.info.run_name else run.info.run_id)
     except Exception as exc:  # noqa: BLE001 - tracking fails open
         log.warning("MLflow: runs left RUNNING were not looked for (%s: %s)", type(exc).__name__, exc)
     if ended:
         log.info(
-            "MLflow: %d run(s) left RUNNING by a process that is gone (killed, or its machine stopped) "
+            "MLflow: %d %s left RUNNING by a process that is gone (killed, or its machine stopped) "
             "ended KILLED: %s",
             len(ended),
-            ", ".join(ended),
+            "run" if len(ended) == 1 else "runs",
+            ", ".join(named),
         )
     return ended
 
