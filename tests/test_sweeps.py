@@ -101,6 +101,27 @@ def test_a_key_written_twice_in_a_sweep_file_is_refused_naming_the_file_line_and
     assert f"sweep file {path} line {line}" in message and f"{key!r} twice" in message, message
 
 
+def test_a_sweep_file_reads_numbers_as_the_conf_files_do(tmp_path):
+    """``1e-4`` in a sweep file is the number a conf file (Kedro's OmegaConf) and ``--params`` read. Was:
+    PyYAML's YAML 1.1 reading, the text '1e-4' (no dot): the child runs logged ``train.optimizer.lr`` 1e-4
+    beside the plain runs' 0.0001 in MLflow, the log said ``{'train.optimizer.lr': '1e-4'}``, and a mixed
+    list ``[1e-4, 3.0e-4]`` swept a text and a number."""
+    from omegaconf import OmegaConf
+
+    text = (
+        "name: e\nmax_steps: 1e2\ngrid:\n  train.optimizer.lr: [1e-4, 3.0e-4, 1E-3]\n"
+        "  train.optimizer.weight_decay: [0, 1e-2]\n  train.model.name_or_path: [2024-01-01]\n"
+    )
+    path = tmp_path / "sweep.yml"
+    path.write_text(text, encoding="utf-8")
+    spec = load_sweep(str(path))
+    as_conf = OmegaConf.to_container(OmegaConf.create(text))
+    assert spec.grid == as_conf["grid"] and spec.max_steps == 100
+    lrs = spec.grid["train.optimizer.lr"]
+    assert all(type(value) is float for value in lrs) and lrs == [0.0001, 0.0003, 0.001]
+    assert spec.grid["train.model.name_or_path"] == ["2024-01-01"]  # a date stays text, as OmegaConf keeps it
+
+
 @pytest.mark.parametrize(
     ("plan", "expected"),
     [
@@ -803,6 +824,22 @@ def test_a_run_kept_by_an_older_version_without_the_weights_or_data_identity_is_
     assert done is None and "model weights" in why and "older version" not in why, why
     assert kept_run(runs, "s", "s-05", identity)[0] is None
     assert kept_run(runs, "s", "s-06", identity) == (None, None)  # never kept: nothing to say
+
+
+def test_a_run_kept_when_the_sweep_file_read_1e_3_as_text_is_kept_by_the_number(tmp_path):
+    """A run a sweep kept while its file's ``1e-3`` was read as the text '1e-3' (PyYAML's YAML 1.1) is the
+    run of the number 0.001 the file now gives: kept, not trained again as a changed setting."""
+    from fastlm.sweeps import SweepRuns, kept_run
+
+    runs, history = SweepRuns(tmp_path), pd.DataFrame({"step": [1]})
+    old = {"train": {"optimizer": {"lr": "1e-3"}}, "data": "d", "overrides": {"train.optimizer.lr": "1e-3"}}
+    runs.keep("s", "s-01", {"sweep_identity": old}, history, history)
+    now = {"train": {"optimizer": {"lr": 0.001}}, "data": "d", "overrides": {"train.optimizer.lr": 0.001}}
+    done, why = kept_run(runs, "s", "s-01", now)
+    assert done is not None and why is None, why
+    other = {**now, "train": {"optimizer": {"lr": 0.002}}, "overrides": {"train.optimizer.lr": 0.002}}
+    done, why = kept_run(runs, "s", "s-01", other)
+    assert done is None and "train.optimizer.lr" in why, why
 
 
 def test_a_run_kept_before_train_data_seed_existed_is_kept_by_the_conf_that_has_it(tmp_path):

@@ -37,7 +37,7 @@ from fastlm.errors import ConfigError
 from fastlm.redaction import redact
 from fastlm.runs import validate_run_name
 from fastlm.temporary_files import shown_path, write_file_atomically
-from fastlm.unique_keys import KeyTwice, load_unique_keys
+from fastlm.unique_keys import KeyTwice, conf_numbers, load_as_conf
 from fastlm.validation import Params, parse_params
 
 PARAM = "sweep"
@@ -172,7 +172,7 @@ def load_sweep(path) -> SweepSpec:
             fix="pass --params sweep=conf/base/sweeps/lr_batch.yml (a YAML file with name and grid or runs).",
         )
     try:
-        raw = load_unique_keys(Path(path).read_text(encoding="utf-8"))
+        raw = load_as_conf(Path(path).read_text(encoding="utf-8"))
     except KeyTwice as twice:
         raise ConfigError(
             f"sweep file {path} line {twice.line} has the key {twice.key!r} twice in one mapping; only the "
@@ -341,15 +341,20 @@ ADDED_TRAIN_SETTINGS: dict[str, Any] = {"data_seed": None}
 
 def _comparable(identity: Any) -> Any:
     """A sweep run's identity as compared: its train parameters less each of ``ADDED_TRAIN_SETTINGS`` at the
-    value a record written before it existed means (any other identity as it is)."""
+    value a record written before it existed means, and its settings' texts that a conf file reads as numbers
+    as those numbers (a run kept when the sweep file's ``1e-3`` was read as text); any other identity as it
+    is."""
     if not isinstance(identity, dict) or not isinstance(identity.get("train"), dict):
         return identity
     train = {
         key: value
-        for key, value in identity["train"].items()
+        for key, value in conf_numbers(identity["train"]).items()
         if key not in ADDED_TRAIN_SETTINGS or value != ADDED_TRAIN_SETTINGS[key]
     }
-    return {**identity, "train": train}
+    comparable = {**identity, "train": train}
+    if "overrides" in identity:
+        comparable["overrides"] = conf_numbers(identity["overrides"])
+    return comparable
 
 
 def kept_run(
