@@ -391,6 +391,44 @@ def test_a_bad_value_set_under_an_environment_names_that_environments_file(tmp_p
         assert "train.max_steps" in said and "set train.max_steps in conf/base/parameters_train.yml" in said
 
 
+@pytest.mark.parametrize("where", ["local", "base"])
+def test_a_misspelled_key_names_the_file_that_writes_it(tmp_path, where):
+    """``train: {optimzer: {lr: 0.001}}`` in conf/local/parameters_x.yml (or in conf/base/parameters.yml):
+    the fix named conf/base/parameters_train.yml, a file without the key (the message names the misspelled
+    group, ``train.optimzer``, not a value of it). It names the file that writes it; given in --params, the
+    fix says to change it there first, as for a misspelled value."""
+    from types import SimpleNamespace
+
+    from kedro.config import OmegaConfigLoader
+    from kedro.io import DataCatalog, MemoryDataset
+    from kedro.pipeline import Node, Pipeline
+
+    from fastlm.hooks import ParametersValidHook
+
+    name = "parameters_x.yml" if where == "local" else "parameters.yml"
+    conf = _conf(tmp_path, where, {name: {"train": {"optimzer": {"lr": 0.001}}}})
+    (conf / "local").mkdir(exist_ok=True)
+    pipeline = Pipeline([Node(lambda train: train, "params:train", "out")])
+
+    def fix(given: dict) -> str:
+        hook = ParametersValidHook()
+        config = OmegaConfigLoader(str(conf), base_env="base", default_run_env="local", runtime_params=given)
+        hook.after_context_created(SimpleNamespace(config_loader=config))
+        catalog = DataCatalog({"params:train": MemoryDataset({"optimzer": {"lr": 0.001}})})
+        run = {"env": None, "project_path": str(tmp_path), "runtime_params": given}
+        with pytest.raises(ConfigError) as raised:
+            hook.before_pipeline_run(run, pipeline, catalog)
+        said = str(raised.value)
+        assert "\n" not in said and "unknown parameter train.optimzer (did you mean train.optimizer?)" in said
+        return said.split(" Fix: ")[1]
+
+    said = fix({})
+    assert f"remove or correct it in {conf / where / name} " in said, said
+    assert "parameters_train.yml" not in said, said
+    said = fix({"train": {"optimzer": {"lr": 0.001}}})
+    assert said.startswith("change train.optimzer.lr in this run's --params first"), said
+
+
 def test_a_bad_value_given_with_params_is_to_be_changed_there_first(tmp_path):
     """``kedro run --params train.optimizer.lr=-1``: the fix named a parameters file to set it in, though
     the --params value overrides every file (editing one changed nothing while it was given). It says to

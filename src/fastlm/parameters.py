@@ -142,10 +142,18 @@ def parameters_files(folder: Path):
 
 def named_in(values: Any, message: str) -> list[str]:
     """The dotted names of ``values`` (a parameters mapping: a file's, or the run's ``--params``) that
-    ``message`` names as a whole name (``train.optimizer.lr``, not ``train.optimizer`` of it)."""
+    ``message`` names as a whole name (``train.optimizer.lr``, not ``train.optimizer`` of it), or that lie
+    under a key it calls an unknown parameter (``train.optimzer.lr`` of ``unknown parameter train.optimzer``:
+    a misspelled group, written only where its values are)."""
+    unknown = [name.rstrip(".") + "." for name in _UNKNOWN.findall(message)]
     return [
-        name for name in _leaves(values) if re.search(rf"(?<![\w.]){re.escape(name)}(?!\w|\.\w)", message)
+        name
+        for name in _leaves(values)
+        if re.search(rf"(?<![\w.]){re.escape(name)}(?!\w|\.\w)", message) or name.startswith(tuple(unknown))
     ]
+
+
+_UNKNOWN = re.compile(r"unknown parameter ([\w.]+)")  # validation.parse_params's line for a misspelled key
 
 
 def _leaves(value: Any, prefix: str = "") -> list[str]:

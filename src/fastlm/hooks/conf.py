@@ -178,8 +178,9 @@ class ParametersValidHook:
         (the run's ``runtime_params``) is to be changed there first, as it overrides every parameters file;
         in the fix, conf/base/parameters_<group>.yml is replaced by the parameters file of the run's
         environment (``--env``, else conf/local) that sets the value, which overrides conf/base, so editing
-        conf/base would change nothing. Unchanged where neither applies, or where the conf is packed or
-        remote (for the file)."""
+        conf/base would change nothing; a misspelled key (``unknown parameter train.optimzer``) is named in
+        the file that writes it, of the environment or of conf/base. Unchanged where neither applies, or where
+        the conf is packed or remote (for the file)."""
         what, said, fix = str(error).partition(" Fix: ")
         if not said:
             return error
@@ -209,6 +210,10 @@ class ParametersValidHook:
         if conf is None or env == base or not bases:
             return fix
         found = setting_file(conf, env, what)
+        if found is None and "unknown parameter" in what:  # a misspelled key written in another base file
+            found = setting_file(conf, base, what)
+            if found is not None and found.resolve() == (conf.parent / bases[0]).resolve():
+                return fix
         if found is None:
             return fix
         shown = found.resolve()
