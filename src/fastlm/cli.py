@@ -26,6 +26,7 @@ from kedro.config import MissingConfigException
 from kedro.framework.cli.project import run as kedro_run
 
 import fastlm.pipelines
+from fastlm.engine.train.signals import raised_by_signal, stop_delivered
 from fastlm.errors import ConfigError, FastlmError, exception_chain, find_user_error
 from fastlm.redaction import redact_exception, redact_text
 from fastlm.temporary_files import shown_path
@@ -81,10 +82,14 @@ class StopSignal(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def stop_signals_interrupt(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)):
+def stop_signals_interrupt(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
     """While the run is on, ``signals`` left at their default action (a run under ``nohup`` keeps ignoring
-    SIGHUP) raise :class:`StopSignal` in the main thread; the training loop's graceful stop takes them over
-    around its steps. A process forked from this one (a worker pool) still dies by them, as before.
+    SIGHUP; a background job of a non-interactive shell SIGINT) raise :class:`StopSignal` in the main thread
+    (SIGINT: Python's KeyboardInterrupt, as its own handler does); the training loop's graceful stop takes
+    them over around its steps. Each is noted as raised (``signals.raised_by_signal``): one a finalizer
+    swallowed (CPython's "Exception ignored in ...") is raised again before the workers start or the first
+    step (``signals.raise_swallowed_stop``), where the run went on to its end. A process forked from this
+    one (a worker pool) still dies by SIGTERM and SIGHUP, and gets SIGINT's KeyboardInterrupt, as before.
 
     At the end the previous handler is put back only where this one is still installed: a handler set during
     the run and left (a torchrun rank that lost its peer ignores SIGTERM until its line is printed,
@@ -96,15 +101,18 @@ def stop_signals_interrupt(signals: tuple[int, ...] = (signal.SIGTERM, signal.SI
     here = os.getpid()
 
     def interrupt(signum, frame) -> None:
+        if os.getpid() != here and signum == signal.SIGINT:
+            signal.default_int_handler(signum, frame)
         if os.getpid() != here:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        raise StopSignal(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        raise raised_by_signal(KeyboardInterrupt() if signum == signal.SIGINT else StopSignal(name))
 
     previous = {}
     for signum in signals:
-        if signal.getsignal(signum) is signal.SIG_DFL:
+        if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
             previous[signum] = signal.signal(signum, interrupt)
     try:
         yield
@@ -121,6 +129,7 @@ def _interrupt_in_chain(error: BaseException) -> KeyboardInterrupt | None:
 
 
 def _stopped(stop: KeyboardInterrupt) -> None:
+    stop_delivered()
     logging.shutdown()
     what = stop.signal_name if isinstance(stop, StopSignal) else "Ctrl-C"
     click.secho(

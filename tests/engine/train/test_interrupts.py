@@ -54,6 +54,47 @@ def _assert_resumes_exactly(tmp_path, tmp_path_factory, mode: str, **overrides):
 # ----------------------------------------------------------------------------------------- SIGTERM / Ctrl-C
 
 
+class _SignalledInFinalizer:
+    """An object whose finalizer (run by the garbage collector, as weakref callbacks are) is where a stop
+    signal lands: the handler's exception is raised there, and CPython prints "Exception ignored in ..."."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), self.signum)
+        for _ in range(1000):  # the handler runs at the next bytecode boundary: in here
+            pass
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed stop
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_a_stop_a_finalizer_swallowed_before_the_loop_still_stops_the_run(tmp_path, signum):
+    """Round thirty-two: Ctrl-C (or SIGTERM under the project CLI) while a run read its data and prepared
+    its workers landed, two times in three, in a weakref callback of the garbage collector: CPython printed
+    "Exception ignored in: <function WeakValueDictionary...remove>" and the run trained to its end, status
+    0. The CLI's handlers note what they raise; the loop raises it again before its first step (and the
+    launcher before its workers start): nothing trained, no checkpoint written."""
+    from fastlm import cli
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    trained = []
+    try:
+        with cli.stop_signals_interrupt():
+            _SignalledInFinalizer(signum)  # dropped at once: its finalizer runs here
+            with pytest.raises(KeyboardInterrupt) as stopped:
+                run_toy(
+                    toy_params(tmp_path, **DETERMINISTIC), callbacks=[lambda kind, record: trained.append(1)]
+                )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        cli.stop_delivered()
+    assert not trained and not list((tmp_path / "checkpoints").glob("checkpoint-*"))
+    assert type(stopped.value) is (KeyboardInterrupt if signum == signal.SIGINT else cli.StopSignal)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_sigterm_saves_the_step_and_resumes_exactly(tmp_path, tmp_path_factory, mode):
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)

@@ -76,7 +76,7 @@ from fastlm.engine.launch import server
 from fastlm.engine.launch.job import JobResult, TrainJob, run_job, splits_identity
 from fastlm.engine.model.lora import load_trained_weights, trains_part_only
 from fastlm.engine.runtime.environment import usable_cpu_count
-from fastlm.engine.train.signals import TrainingInterrupted
+from fastlm.engine.train.signals import TrainingInterrupted, raise_swallowed_stop
 from fastlm.errors import ConfigError, FastlmError, StaleDataError
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,7 @@ def launch_workers(
         )
         job = dataclasses.replace(job, data_identity=splits_identity(job))  # before the pickling
         _write_private(job_file, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+        raise_swallowed_stop()  # a Ctrl-C a finalizer swallowed while the job was prepared: no worker starts
         with (
             _quiet_elastic_logs(),
             _own_signal_handlers(),

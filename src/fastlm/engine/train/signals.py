@@ -16,6 +16,13 @@ to the whole process group (Slurm's cancel, a pre-emption, ``timeout``) reaches 
 through the launcher, which forwards it to its workers and kills them after its shutdown timeout. With the
 default restored after the first, the second signal killed the worker mid-step, or (both pending at once)
 CPython raised "Signal 15 ignored due to race condition" out of the collective the worker was waiting in.
+
+Outside the loop a stop is an exception raised where the process is (Ctrl-C's KeyboardInterrupt; under the
+project CLI SIGTERM's and SIGHUP's too, ``fastlm.cli.stop_signals_interrupt``). Raised inside a finalizer (a
+weakref callback or ``__del__`` the garbage collector runs, as it often does while a run reads its data and
+starts its workers) CPython prints "Exception ignored in ..." and goes on: the run trained to its end. The
+CLI's handlers note what they raise (:func:`raised_by_signal`); a noted stop never delivered is raised again
+before the workers start and before the first step (:func:`raise_swallowed_stop`).
 """
 
 from __future__ import annotations
@@ -28,6 +35,29 @@ from types import FrameType
 from fastlm.errors import FastlmError
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+# the stop a signal handler raised last, until it reaches the CLI (``stop_delivered``): module docstring
+_RAISED: list[BaseException] = []
+
+
+def raised_by_signal(stop: BaseException) -> BaseException:
+    """``stop``, which a stop signal's handler raises now, noted until :func:`stop_delivered`: a finalizer
+    that swallows it leaves it for :func:`raise_swallowed_stop`."""
+    _RAISED[:] = [stop]
+    return stop
+
+
+def stop_delivered() -> None:
+    """The noted stop reached whoever ends the run (the CLI): nothing is left to raise again."""
+    _RAISED.clear()
+
+
+def raise_swallowed_stop() -> None:
+    """Raise again the stop a signal's handler raised that never ended the run (a finalizer swallowed it):
+    called where a run is about to start its expensive part (its workers, its first step)."""
+    if _RAISED:
+        raise _RAISED[0].with_traceback(None)
 
 
 class TrainingInterrupted(FastlmError):
@@ -63,6 +93,7 @@ class GracefulStop:
         return self.signal_name is not None
 
     def __enter__(self) -> GracefulStop:
+        raise_swallowed_stop()  # a Ctrl-C a finalizer swallowed before the loop: no step is trained
         if threading.current_thread() is not threading.main_thread():
             return self  # signal.signal raises ValueError outside the main thread: stay inert
         for signum in self.signals:
