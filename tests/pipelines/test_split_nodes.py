@@ -669,6 +669,31 @@ def test_a_txt_file_that_is_a_table_of_tabs_is_refused_naming_tsv(tmp_path):
     assert list(clean["text"]) == ["def f():", "return 1", "plain line", "deeper"]
 
 
+def test_a_txt_file_of_json_objects_is_refused_naming_jsonl(tmp_path):
+    """A JSON Lines export saved as .txt (``corpus.txt`` of ``{"text": ...}`` lines): read a line a text,
+    every text would train as its JSON, keys, quotes and ``\\uXXXX`` escapes included. Refused, naming the
+    .jsonl it is, for the split and for predict; a text that merely holds braces is a text."""
+    from fastlm.corpus.shards import read_raw_table
+    from fastlm.datasets.predict_sources import PredictSources
+
+    rows = [{"text": f"배송이 빨라요 {i}", "label": i % 2} for i in range(5)]
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    for read in (
+        read_raw_table,
+        lambda file: PredictSources(tmp_path / "m", tmp_path / "r", tmp_path / "p").read_input(str(file)),
+    ):
+        with pytest.raises(InputDataError) as error:
+            read(path)
+        message = str(error.value)
+        assert "corpus.txt looks like JSON Lines" in message, message
+        assert "rename it to corpus.jsonl" in message and "\n" not in message
+    braces = '{braces} are fine\n{"not": json\n'
+    (tmp_path / "braces.txt").write_text(braces, encoding="utf-8")
+    clean, _ = nodes.clean_corpus(_read_raw(tmp_path / "braces.txt"), PARAMS)
+    assert list(clean["text"]) == ["{braces} are fine", '{"not": json']
+
+
 def test_a_response_holding_a_special_tokens_text_trains_it_as_text(sample_texts):
     """A prompt/response pair whose response writes ``<|endoftext|>`` out (an answer quoting a model's
     output) trained the EOS token in the middle of the answer: the model learned to stop there. The

@@ -448,8 +448,15 @@ def refuse_a_table_of_tabs(lines: list[str], path: Path, column: str = "split.te
     """A .txt whose every line (two or more, blank ones aside) holds the same number of tabs is a table saved
     as text (NSMC's ratings_train.txt: id, document, label): read a line a text, its header and every id and
     label would train as text (or be asked, by predict: ``column`` names the parameter that picks the
-    column of texts)."""
+    column of texts). So is a .txt whose every line is a JSON object (JSON Lines saved as .txt)."""
     filled = [line for line in lines if line.strip()]
+    if filled and _json_objects(filled):
+        raise InputDataError(
+            f"{path} looks like JSON Lines, not one text a line: each of its lines is a JSON object (its "
+            f"first: {filled[0].strip()[:60]!r}).",
+            fix=f"rename it to {renamed(path, 'jsonl')} to read its keys as columns, then set {column} to "
+            "the key of the texts.",
+        )
     tabs = {line.count("\t") for line in filled}
     if len(filled) >= 2 and len(tabs) == 1 and (count := tabs.pop()) >= 1:
         raise InputDataError(
@@ -458,6 +465,23 @@ def refuse_a_table_of_tabs(lines: list[str], path: Path, column: str = "split.te
             fix=f"rename it to {renamed(path, 'tsv')} to read its columns (its first line names them), then "
             f"set {column} to the column of texts.",
         )
+
+
+JSON_LINES_LOOKED_AT = 100  # the lines parsed to tell a .txt of JSON objects (each braced line is looked at)
+
+
+def _json_objects(filled: list[str]) -> bool:
+    """Whether every line of ``filled`` (a .txt's lines holding text) is braced and the first
+    ``JSON_LINES_LOOKED_AT`` of them are JSON objects: a JSON Lines file saved as .txt."""
+    if not all(line.strip().startswith("{") and line.strip().endswith("}") for line in filled):
+        return False
+    for line in filled[:JSON_LINES_LOOKED_AT]:
+        try:
+            if not isinstance(json.loads(line), dict):
+                return False
+        except ValueError:
+            return False
+    return True
 
 
 TEXT_FORMATS = {"csv", "tsv", "jsonl"}
