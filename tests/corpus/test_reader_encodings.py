@@ -134,3 +134,28 @@ def test_every_encoding_named_to_iconv_is_one_iconv_knows():
         name = readers.iconv_name(codec)
         if name is not None:
             assert name in known, (codec, name)
+
+
+@pytest.mark.parametrize("name", ["rows.csv", "rows.txt", "rows.jsonl", "rows.tsv.gz"])
+@pytest.mark.parametrize(("codec", "named"), [("utf-16-le", "UTF-16LE"), ("utf-16-be", "UTF-16BE")])
+def test_utf16_without_a_byte_order_mark_is_refused_naming_it(tmp_path, name, codec, named):
+    """A file saved as UTF-16 without its byte-order mark (Windows tools, a database export) holding ASCII
+    text is valid UTF-8 byte for byte: every character was read followed by a NUL, a CSV's header as the
+    column 't\\x00e\\x00x\\x00t\\x00' and a .txt's lines trained as such. Refused in one line naming UTF-16
+    and the iconv command; a lone NUL inside a UTF-8 text is no such file."""
+    text = (
+        "".join(json.dumps({"text": f"review {i}: fast delivery"}) + "\n" for i in range(50))
+        if ".jsonl" in name
+        else "text\n" + "".join(f"review {i}: fast delivery\n" for i in range(50))
+    )
+    data = text.encode(codec)
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    message = str(error.value)
+    assert f"looks like {named} without a byte-order mark" in message and "\n" not in message, message
+    assert f"iconv -f {named} -t UTF-8" in message
+    nul = tmp_path / "nul.csv"
+    nul.write_bytes(b"text\nfirst\x00 text\nsecond text\n")
+    assert read_text_table(nul)["text"].tolist() == ["first\x00 text", "second text"]

@@ -580,6 +580,8 @@ def _text_source(path: Path, parameter: str = RAW_PATH) -> Path | io.BytesIO:
             return path
         with handle:
             while chunk := handle.read(CHUNK):
+                if not offset:
+                    _refuse_utf16_without_bom(chunk, path, parameter)
                 try:
                     decoder.decode(chunk)
                 except UnicodeDecodeError as exc:
@@ -592,6 +594,32 @@ def _text_source(path: Path, parameter: str = RAW_PATH) -> Path | io.BytesIO:
     except UnicodeDecodeError as exc:
         return _legacy_text(path, offset + exc.start, exc.reason, parameter)
     return path
+
+
+UTF16_HEAD = 4096  # the bytes of a file's start looked at for UTF-16 without its byte-order mark
+
+
+def _refuse_utf16_without_bom(head: bytes, path: Path, parameter: str = RAW_PATH) -> None:
+    """Refuse a file whose start (``head``, decompressed) is UTF-16 without its byte-order mark: a NUL at
+    least every fourth byte, nearly all of them on one side of each byte pair (ASCII text so written). Such
+    bytes are valid UTF-8, each character then followed by a NUL: a CSV's header ``t\x00e\x00x\x00t\x00``, a
+    .txt's lines trained so. A lone NUL inside a UTF-8 text is no such file."""
+    sample = head[:UTF16_HEAD]
+    if len(sample) < 8 or sample.count(0) < len(sample) // 4 or sample.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return  # with its byte-order mark: not UTF-8 from its first byte, named as UTF-16 (``_not_utf8``)
+    odd, even = sample[1::2].count(0), sample[0::2].count(0)
+    if max(odd, even) < 9 * min(odd, even) + 4:
+        return
+    named = "UTF-16LE" if odd > even else "UTF-16BE"
+    compressed = _is_compressed(path)
+    suffix = path.suffixes[-2] if compressed and len(path.suffixes) > 1 else path.suffix
+    reads = f"{DECOMPRESS_COMMANDS[path.suffixes[-1].lower()]} {path} | " if compressed else ""
+    command = f"{reads}iconv -f {named} -t UTF-8{'' if compressed else f' {path}'} > converted{suffix}"
+    raise InputDataError(
+        f"{path} looks like {named} without a byte-order mark, not UTF-8: every other byte of its start is a "
+        "NUL (read as UTF-8, each character would be followed by one).",
+        fix=f"re-save it as UTF-8: {command}, then point {parameter} at the converted file.",
+    )
 
 
 def _legacy_text(path: Path, position: int, reason: str, parameter: str = RAW_PATH) -> io.BytesIO:
