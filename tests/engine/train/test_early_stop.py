@@ -523,3 +523,30 @@ def test_early_stopping_off_for_a_resume_and_on_again_counts_from_its_own_evalua
     losses = {row["step"]: row["val_loss"] for row in again.eval_history}
     assert losses[10] > losses[4]  # what the stale record judged as no improvement
     assert kept["best_step"] == min((10, 12), key=losses.get) == kept["model_from_step"]
+
+
+def test_a_run_continued_past_a_last_step_off_the_eval_schedule_stops_where_the_longer_run_does(tmp_path):
+    """A 10-step run evaluated every 6 steps also evaluates its last step, 10, off the schedule; continued to
+    24 steps (``--params train.max_steps=24``, ``resume: auto``), it must stop where the 24-step run does
+    (evaluations at 6, 12, 18 and 24; patience 2 and a min_delta no evaluation reaches: stopped at 18). Was:
+    step 10's evaluation used a step of patience as a scheduled one, and the continued run stopped at step
+    12, one evaluation early."""
+    settings = {
+        "eval_every": 6,
+        "save_every": 6,
+        "optimizer": {"lr": 0.05, "warmup_steps": 0, "decay": "constant"},
+        "early_stopping": {"patience": 2, "min_delta": 100.0},  # no evaluation beats its reference
+        "runtime": {"deterministic": True},
+    }
+    straight = run(tmp_path / "a", max_steps=24, **settings)
+    assert (straight.summary["stopped_by"], straight.summary["steps"]) == ("early stopping", 18)
+    shorter = run(tmp_path / "b", max_steps=10, **settings)
+    assert [record["step"] for record in shorter.eval_history] == [6, 10]
+    assert shorter.summary["stopped_by"] is None and shorter.summary["steps"] == 10
+    losses = {record["step"]: record["val_loss"] for record in shorter.eval_history}
+    assert shorter.summary["early_stopping"]["best_step"] == min(losses, key=losses.get)  # 10 may be the best
+    continued = run(tmp_path / "b", max_steps=24, resume="auto", **settings)
+    assert continued.summary["resumed_from_step"] == 10
+    assert (continued.summary["stopped_by"], continued.summary["steps"]) == ("early stopping", 18)
+    scheduled = [(r["step"], r["val_loss"]) for r in continued.eval_history if r["step"] != 10]
+    assert scheduled == [(r["step"], r["val_loss"]) for r in straight.eval_history]

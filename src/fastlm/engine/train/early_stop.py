@@ -7,9 +7,10 @@ writes) is the best step's, as the Trainer's ``load_best_model_at_end`` keeps it
 step boundary; the improvement is measured from ``reference``, the loss of the last evaluation that reset the
 count (Keras' rule), so small improvements add up. ``min_delta`` never decides which model is kept: an
 evaluation lower than the best by less than ``min_delta`` is the new best, and a step of patience used.
-An evaluation off the schedule (a ``train.max_minutes`` stop between two ``eval_every`` steps) may be the best
-but uses no patience and resets none: a run continued after it stops where the same run without the stop
-does.
+An evaluation off the schedule (a ``train.max_minutes`` stop between two ``eval_every`` steps, or the last
+step of a run whose length ``eval_every`` does not divide) may be the best but uses no patience and resets
+none: a run continued after it (a new time budget, more ``train.max_steps``) stops where the same run without
+the stop does.
 
 A checkpoint keeps the reference (None until a scheduled evaluation had a finite loss, though an
 off-schedule one may be the best already), the ``min_delta`` it counted under and the off-schedule

@@ -219,16 +219,19 @@ def _count_step(run: TrainingParts, result: StepResult, counts: StepCounts) -> N
 def _evaluate_if_due(run: TrainingParts, out_of_time: bool) -> tuple[bool, bool]:
     """Validation when due (``train.eval_every``, the last step, a time-budget stop; none of them where
     ``eval_every`` is null: such a run never validates, so its stop is as quick as its end), then early
-    stopping's watch: (a new best: save this step and keep it, patience ran out before the last step)."""
-    scheduled = _due(run.state.step, run.params.eval_every, run.total_steps)
-    if run.validate is None or not run.params.eval_every or not (scheduled or out_of_time):
+    stopping's watch: (a new best: save this step and keep it, patience ran out before the last step).
+    Only the ``eval_every`` steps count patience: a last step or a stop between them is evaluated off the
+    schedule (``EarlyStopping.update``), so a run continued past it (more ``train.max_steps``, a new time
+    budget) stops where the run that never ended there does."""
+    step, every = run.state.step, run.params.eval_every
+    if run.validate is None or not every or not (_due(step, every, run.total_steps) or out_of_time):
         return False, False
     started = perf_counter()
     metrics = run.validate()
     run.recorder.evaluation(metrics, seconds=perf_counter() - started)
     if run.early is None:
         return False, False
-    return _watch(run.early, run.state, run.checkpointer, run.total_steps, scheduled=scheduled)
+    return _watch(run.early, run.state, run.checkpointer, run.total_steps, scheduled=step % every == 0)
 
 
 def _save(run: TrainingParts, *, force: bool) -> Path | None:
@@ -398,8 +401,8 @@ def _watch(
     early: EarlyStopping, state: TrainState, checkpointer: Checkpointer, total_steps: int, *, scheduled: bool
 ) -> tuple[bool, bool]:
     """After an evaluation: (a new best: save this step and keep it, patience ran out before the last
-    step). ``scheduled``: False for a time-budget stop's evaluation between two ``eval_every`` steps, which
-    may be the best but uses no patience (``EarlyStopping.update``)."""
+    step). ``scheduled``: False for an evaluation between two ``eval_every`` steps (a time-budget stop's, a
+    last step's), which may be the best but uses no patience (``EarlyStopping.update``)."""
     best_now = early.update(state.step, state.eval_history[-1]["val_loss"], scheduled=scheduled)
     state.early_stopping = early.record()
     if best_now:
