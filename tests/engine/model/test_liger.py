@@ -451,3 +451,15 @@ def test_the_real_liger_kernel_under_the_triton_interpreter_gives_our_loss_and_g
         env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(paths)},
     )
     assert done.returncode == 0 and "same loss and gradients" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("hip", "warps"), [(None, 32), ("6.2.41133", 16)])
+def test_the_kernel_is_launched_with_the_warps_the_gpu_takes(fake_liger, monkeypatch, hip, warps):
+    """An AMD GPU (ROCm's torch: ``torch.version.hip``, its device type ``cuda``) runs 64-thread wavefronts:
+    32 warps are 2,048 threads, more than a block takes, and the launch fails in the first step. liger's own
+    launches take 16 there, 32 on NVIDIA's GPUs: so do fastlm's."""
+    monkeypatch.setattr(torch.version, "hip", hip)
+    hidden, weight, bias, targets = inputs()
+    liger.fused_linear_cross_entropy_sum("liger", hidden, weight.requires_grad_(), targets, bias).backward()
+    launches = kernel_launches(fake_liger)
+    assert launches and {launch["num_warps"] for launch in launches} == {warps}

@@ -176,7 +176,7 @@ class _LigerLinearCrossEntropySum(torch.autograd.Function):
                 args["HAS_GRADIENTS"] = gradients
                 if names is not None:
                     args = {k: v for k, v in args.items() if k in names}
-                kernel[(logits.shape[0],)](**args, num_warps=32)
+                kernel[(logits.shape[0],)](**args, num_warps=_warps())
                 if lse is not None:  # the row's loss + what it took off the log-sum-exp; none: no gradient
                     lse[rows] = torch.where(has_target[rows], losses[rows] + unscored, torch.inf)
                 if grad_hidden is not None:  # ``logits`` now holds d(loss)/d(logits)
@@ -213,6 +213,12 @@ def _unscored(logits: torch.Tensor, index: torch.Tensor, label_smoothing: float)
     if not label_smoothing:
         return picked
     return (1 - label_smoothing) * picked + (label_smoothing / logits.shape[1]) * logits.float().sum(-1)
+
+
+def _warps() -> int:
+    """The warps per row of liger's kernel, as liger launches it: 32 on NVIDIA's GPUs, 16 on AMD's (ROCm's
+    torch, ``torch.version.hip``): 32 of their 64-thread wavefronts are more threads than a block takes."""
+    return 16 if torch.version.hip else 32
 
 
 def _next_power_of_2(n: int) -> int:
