@@ -429,6 +429,36 @@ def test_a_misspelled_key_names_the_file_that_writes_it(tmp_path, where):
     assert said.startswith("change train.optimzer.lr in this run's --params first"), said
 
 
+def test_a_bad_key_of_a_sweep_file_given_with_params_is_fixed_in_the_file(tmp_path):
+    """``--params sweep=conf/local/sweeps/bad.yml`` whose file writes ``max_step: 2``: the fix said "change
+    sweep in this run's --params first (a --params value overrides every parameters file: editing one changes
+    nothing while it is given)", as if the file's key were a --params value; editing the file is the fix."""
+    from types import SimpleNamespace
+
+    from kedro.config import OmegaConfigLoader
+    from kedro.io import DataCatalog, MemoryDataset
+    from kedro.pipeline import Node, Pipeline
+
+    from fastlm.hooks import ParametersValidHook
+
+    conf = _conf(tmp_path, "local", {})
+    sweep = tmp_path / "bad.yml"
+    sweep.write_text("name: bad\nmax_step: 2\ngrid:\n  train.optimizer.lr: [0.1]\n", encoding="utf-8")
+    given = {"sweep": str(sweep)}
+    hook = ParametersValidHook()
+    config = OmegaConfigLoader(str(conf), base_env="base", default_run_env="local", runtime_params=given)
+    hook.after_context_created(SimpleNamespace(config_loader=config))
+    pipeline = Pipeline([Node(lambda sweep: sweep, "params:sweep", "out")])
+    catalog = DataCatalog({"params:sweep": MemoryDataset(str(sweep))})
+    run = {"env": None, "project_path": str(tmp_path), "runtime_params": given}
+    with pytest.raises(ConfigError) as raised:
+        hook.before_pipeline_run(run, pipeline, catalog)
+    said = str(raised.value)
+    assert "unknown parameter max_step (did you mean max_steps?)" in said, said
+    fix = said.split(" Fix: ")[1]
+    assert "--params" not in fix and f"remove or correct it in sweep file {sweep}" in fix, fix
+
+
 def test_a_bad_value_given_with_params_is_to_be_changed_there_first(tmp_path):
     """``kedro run --params train.optimizer.lr=-1``: the fix named a parameters file to set it in, though
     the --params value overrides every file (editing one changed nothing while it was given). It says to

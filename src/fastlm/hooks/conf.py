@@ -186,6 +186,8 @@ class ParametersValidHook:
             return error
         changed = self._file_named(what, fix, run_params)
         given = named_in(run_params.get("runtime_params") or {}, what)
+        if what.startswith("sweep file "):  # a key or value of the file --params sweep names: fixed there
+            given = [name for name in given if name != "sweep"]
         if given:
             where = "this run's --params" + (" (or its --config file's run.params)" if _config_file() else "")
             changed = (
