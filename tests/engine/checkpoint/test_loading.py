@@ -64,6 +64,29 @@ def test_missing_or_corrupt_optimizer_file_fails_clearly(tmp_path, trained):
     assert_names_file_and_fix(error, folder / "optimizer.pt")
 
 
+def test_optimizer_moments_of_other_shapes_fail_clearly(tmp_path, trained):
+    """Round thirty-two: an ``optimizer.pt`` whose moments belong to other parameters (another layout, a
+    copy from another checkpoint, the manifest agreeing) loaded without a word: torch checks the groups'
+    sizes, not the tensors' shapes, and a fused AdamW then stepped over moments of another size (out of
+    bounds, or hung). Refused in one line naming the file, the parameter and both shapes."""
+    folder = save(tmp_path, 1, *trained)
+    file = folder / "optimizer.pt"
+    saved = torch.load(file, weights_only=True)
+    shapes = [tuple(state["exp_avg"].shape) for state in saved["state"].values()]
+    first, other = 0, next(index for index, shape in enumerate(shapes) if shape != shapes[0])
+    saved["state"][first], saved["state"][other] = saved["state"][other], saved["state"][first]
+    torch.save(saved, file)
+    manifest = json.loads((folder / "COMPLETE").read_text())
+    manifest["files"]["optimizer.pt"] = file.stat().st_size
+    (folder / "COMPLETE").write_text(json.dumps(manifest))
+    model = checkpoint_llama()
+    optimizer, _ = optimizer_and_scheduler(model)
+    with pytest.raises(CheckpointError, match="is not a state of this AdamW") as error:
+        load_checkpoint(folder, model=model, optimizer=optimizer)
+    assert_names_file_and_fix(error, file)
+    assert f"parameter {first}" in str(error.value) and str(shapes[other]) in str(error.value)
+
+
 def test_model_of_another_shape_fails_clearly(tmp_path, trained):
     folder = save(tmp_path, 1, *trained)
     with pytest.raises(CheckpointError, match="does not match the model") as error:

@@ -169,8 +169,31 @@ def _load_into(target: Any, file: Path, map_location: Any) -> None:
     state_dict = _torch_load(file, map_location)
     try:
         target.load_state_dict(state_dict)
+        if isinstance(target, torch.optim.Optimizer):
+            _check_moment_shapes(target)
     except Exception as error:
-        raise _broken(file, f"does not match the {type(target).__name__} ({_one_line(error)})") from error
+        raise _broken(file, f"not a state of this {type(target).__name__} ({_one_line(error)})") from error
+
+
+# An optimizer's per-parameter tensors shaped as the parameter (torch's AdamW, Adam, SGD); an 8-bit
+# optimizer's quantized states have shapes of their own and are not among them.
+_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
+
+
+def _check_moment_shapes(optimizer: torch.optim.Optimizer) -> None:
+    """Raise ValueError where a loaded moment's shape is not its parameter's: torch's ``load_state_dict``
+    checks the groups' sizes only, and a step over moments of other parameters (a state of another layout)
+    trained on wrong moments, or, fused, read past them."""
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    for index, param in enumerate(params):
+        state = optimizer.state.get(param, {})
+        for key in _MOMENTS:
+            moment = state.get(key)
+            if isinstance(moment, torch.Tensor) and moment.shape != param.shape:
+                raise ValueError(
+                    f"its {key} of parameter {index} of {len(params)} has shape {tuple(moment.shape)}, the "
+                    f"parameter {tuple(param.shape)}"
+                )
 
 
 def _broken(file: Path, reason: str) -> CheckpointError:
