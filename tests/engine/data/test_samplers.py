@@ -166,3 +166,24 @@ def test_packed_split_yields_the_configured_batches_in_pieces():
     halves = PackedBatchSampler(lengths, budget, seed=2, epoch=1, split=2)
     assert [i for batch in halves for i in batch] == [i for batch in whole for i in batch]
     assert halves.epoch_length(1) == len(halves) == 2 * len(whole)  # a batch of one row: one piece empty
+
+
+def test_a_small_corpus_is_cut_into_several_mega_batches_so_its_steps_change_every_epoch():
+    """Data of fewer than ``mega_batch_mult`` steps: the epoch is cut into at least 2 mega-batches (the
+    Trainer's ``group_by_length``: at most ``len // (4 * step)`` steps a mega-batch), so the steps hold other
+    samples each epoch; one mega-batch of the whole corpus, sorted, made the same steps every epoch."""
+    lengths = np.arange(1, 401)  # every length once: a sort of the whole corpus leaves no choice
+    sampler = LengthGroupedSampler(lengths, batch_size=8, mega_batch_mult=100, seed=0, step_batches=4)
+
+    def steps(epoch: int) -> set[frozenset[int]]:
+        sampler.set_epoch(epoch)
+        batches = [np.asarray(batch) for batch in sampler]
+        return {frozenset(np.concatenate(batches[i : i + 4]).tolist()) for i in range(0, len(batches), 4)}
+
+    first, second = steps(0), steps(1)
+    assert len(first & second) <= 1, f"{len(first & second)} of {len(first)} steps alike in two epochs"
+    # still grouped by length: a step's lengths span far less than the corpus's
+    sampler.set_epoch(0)
+    batches = [np.asarray(batch) for batch in sampler]
+    spans = [int(lengths[b].max() - lengths[b].min()) for b in batches]
+    assert np.median(spans) < 100, spans

@@ -14,7 +14,8 @@ Packed batches each fill the same token budget, so the shards are balanced by to
 ``start_batch`` and ``len()`` count this shard's batches.
 
 * ``LengthGroupedSampler`` (with ``collators.DynamicPaddingCollator``): shuffle, cut the order into
-  mega-batches of ``mega_batch_mult`` optimizer steps (``step_batches * batch_size`` samples a step), sort
+  mega-batches of ``mega_batch_mult`` optimizer steps (``step_batches * batch_size`` samples a step; fewer
+  where the data holds under 2 mega-batches of them, so a small corpus's steps change every epoch), sort
   each mega-batch by length (longest first), cut it into steps, shuffle the order of the whole steps (an
   epoch's short last step stays last) and cut each step into its batches. Batches hold samples of similar
   lengths, so padding to the longest of the batch wastes little, while the epoch stays random at the step
@@ -153,7 +154,10 @@ class LengthGroupedSampler(_EpochBatchSampler):
         order = rng.permutation(self.lengths.size)
         size = self.batch_size
         step = size * self.step_batches
-        mega = step * self.mega_batch_mult
+        # at least 2 mega-batches where the data allows: one sorted mega-batch of a small corpus would make
+        # the same steps every epoch (the Trainer caps its at ``len // (4 * step)``; 2 keeps the padding
+        # lower and each epoch's steps other ones)
+        mega = step * max(1, min(self.mega_batch_mult, self.lengths.size // (2 * step)))
         steps: list[np.ndarray] = []
         for start in range(0, order.size, mega):
             chunk = order[start : start + mega]
