@@ -159,3 +159,17 @@ def test_utf16_without_a_byte_order_mark_is_refused_naming_it(tmp_path, name, co
     nul = tmp_path / "nul.csv"
     nul.write_bytes(b"text\nfirst\x00 text\nsecond text\n")
     assert read_text_table(nul)["text"].tolist() == ["first\x00 text", "second text"]
+
+
+@pytest.mark.parametrize("name", ["rows.csv", "rows.txt"])
+def test_korean_cp949_after_a_utf8_bom_reads_its_header_and_first_line_as_written(tmp_path, name):
+    """A UTF-8 byte-order mark before CP949 text (a header saved "UTF-8 with BOM" joined with a CP949 export,
+    text appended in CP949 to such a file): the file is read as CP949 with the mark left out. Was: the mark's
+    bytes read as CP949 too, with the first letter: the header ``text`` became the column '癤퓍ext' (then
+    `has no column 'text'`), a .txt's first line began with '癤'."""
+    rows = ["배송이 빨라요", "가격 대비 품질이 훌륭합니다", "포장이 꼼꼼해서 만족해요"] * 20
+    text = ("text\n" if name.endswith(".csv") else "") + "\n".join(rows) + "\n"
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("cp949"))
+    table = read_text_table(path)
+    assert list(table.columns) == ["text"] and list(table["text"]) == rows

@@ -627,14 +627,15 @@ def _legacy_text(path: Path, position: int, reason: str, parameter: str = RAW_PA
 
     with _open_path(path) as handle:
         data = handle.read()
-    korean = _korean_text(data)
+    # a UTF-8 BOM before CP949 text (a header saved with one, joined with a CP949 export) is no text of it
+    korean = _korean_text(data.removeprefix(BOM))
     encoding = "cp949" if korean is not None else None
     if korean is None:
         start = max(0, position - 2**20)
         encoding = _likely_encoding(from_bytes(data[start : position + 2**20]))
         if encoding in KOREAN_ENCODINGS:
             with contextlib.suppress(UnicodeDecodeError):
-                korean = data.decode("cp949")
+                korean = data.removeprefix(BOM).decode("cp949")
             if korean is not None and _western_look_alike(korean):
                 korean, encoding = None, _western(data)
     if korean is not None:
