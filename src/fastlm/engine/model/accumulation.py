@@ -16,6 +16,15 @@ losses of each micro-batch and divide by the number of target tokens of the WHOL
 parallelism, ``total`` must also be summed over ranks and the result multiplied by the world size (DDP
 averages gradients over ranks): ``accumulate_gradients(..., total_targets=global, world_size=W)``.
 
+A mixture-of-experts model whose config sets ``output_router_logits: true`` (Mixtral, Qwen2/3-MoE, OLMoE,
+...) also returns its router load-balancing loss; ``router_aux_loss_coef`` times it is added as the model's
+own forward adds it to its loss when given labels, once per optimizer step: each of the k micro-batches adds
+``coef * aux / k``, so the step optimises the cross-entropy over all its target tokens plus the coefficient
+times the micro-batches' mean aux loss (under data parallelism the mean over every rank's micro-batches:
+DDP averages that term's gradients). The weight of the router loss does not change with the accumulation.
+The step's returned loss sum includes that term (``coef * aux * total / (k * world_size)`` per micro-batch),
+so the logged training ``loss`` is what was optimised, router loss included, as transformers' ``loss``.
+
 What a target token is: ``loss``; ``schema.count_target_tokens`` counts them (the one definition).
 """
 
@@ -30,7 +39,7 @@ import torch
 from fastlm.engine.data.schema import count_target_tokens
 from fastlm.engine.model.liger import fused_linear_cross_entropy_sum
 from fastlm.engine.model.linear_loss import head_returns_hidden
-from fastlm.engine.model.loss import cross_entropy_sum, training_logits
+from fastlm.engine.model.loss import cross_entropy_sum, training_outputs
 
 
 @dataclass(frozen=True)
@@ -94,8 +103,12 @@ def accumulate_gradients(
         sync = gradient_sync(index == last_index) if gradient_sync is not None else contextlib.nullcontext()
         with sync:
             with torch.profiler.record_function("fastlm.forward"), autocast():
-                loss_sum = _micro_batch_loss_sum(model, batch, label_smoothing, fused_head)
+                loss_sum, aux = _micro_batch_loss_sum(model, batch, label_smoothing, fused_head)
             loss = (loss_sum * world_size if world_size != 1 else loss_sum) / max(total, 1)
+            if aux is not None:  # the router loss: the micro-batches' mean, once per step (module docstring)
+                loss = loss + aux / len(micro_batches)
+                # in the returned sum too, so that sum / targets (summed over ranks) is what was optimised
+                loss_sum = loss_sum + aux * (max(total, 1) / (len(micro_batches) * world_size))
             with torch.profiler.record_function("fastlm.backward"):
                 (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
         loss_sum = loss_sum.detach()
@@ -107,13 +120,15 @@ def accumulate_gradients(
 
 def _micro_batch_loss_sum(
     model, batch: Mapping, label_smoothing: float, fused: FusedHead | None
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The micro-batch's summed cross-entropy and the model's weighted router loss (or None)."""
     if fused is None:
-        logits, targets = training_logits(model, batch)
-        return cross_entropy_sum(logits, targets, reuse_logits=True, label_smoothing=label_smoothing)
+        logits, targets, aux = training_outputs(model, batch)
+        return cross_entropy_sum(logits, targets, reuse_logits=True, label_smoothing=label_smoothing), aux
     head = fused.head
     with head_returns_hidden(head):
-        hidden, targets = training_logits(model, batch)
-    return fused_linear_cross_entropy_sum(
+        hidden, targets, aux = training_outputs(model, batch)
+    loss_sum = fused_linear_cross_entropy_sum(
         fused.kernel, hidden, head.weight, targets, head.bias, label_smoothing=label_smoothing
     )
+    return loss_sum, aux

@@ -98,15 +98,27 @@ def training_logits(
     batch says which (``TARGET_POSITIONS``) and the model can slice them (``logits_to_keep``; an
     encoder-decoder model through its head hook, ``seq2seq_hooks.enable_target_head``), else every position
     (ignored ones carry ``ignore_index``)."""
+    logits, targets, _ = training_outputs(model, batch, ignore_index)
+    return logits, targets
+
+
+def training_outputs(
+    model: torch.nn.Module, batch: Mapping, ignore_index: int = IGNORE_INDEX
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``training_logits``' logits and targets, and the model's weighted router loss (``router_aux_loss``:
+    None but for a mixture-of-experts model with ``output_router_logits``), from the same forward."""
     targets = shift_labels(batch["labels"], ignore_index)
     keep = batch.get(TARGET_POSITIONS)
     if keep is not None and takes_logits_to_keep(model):
-        logits = model(**model_inputs(batch), logits_to_keep=keep).logits
+        outputs = model(**model_inputs(batch), logits_to_keep=keep)
     elif keep is not None and keep.dtype != torch.bool and takes_head_positions(model):
-        logits = model(**model_inputs(batch), **{HEAD_POSITIONS: keep}).logits
+        outputs = model(**model_inputs(batch), **{HEAD_POSITIONS: keep})
     else:
-        logits = forward_logits(model, batch)
-        return logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
+        outputs = model(**model_inputs(batch))
+        logits = outputs.logits.view(*batch["labels"].shape, outputs.logits.shape[-1])
+        aux = router_aux_loss(model, outputs)
+        return logits.reshape(-1, logits.size(-1)), targets.reshape(-1), aux
+    logits = outputs.logits
     logits = logits.reshape(-1, logits.size(-1))
     kept = targets[keep] if keep.dtype == torch.bool else targets.reshape(-1)[keep.reshape(-1)]
     if logits.size(0) != kept.size(0):
@@ -114,7 +126,45 @@ def training_logits(
             f"{type(model).__name__} returned {logits.size(0)} logits for {kept.size(0)} kept "
             "positions: it does not slice logits_to_keep as transformers' slice_logits_to_keep does"
         )
-    return logits, kept
+    return logits, kept, router_aux_loss(model, outputs)
+
+
+def router_aux_loss(model: torch.nn.Module, outputs) -> torch.Tensor | None:
+    """``router_aux_loss_coef * aux_loss``: the router load-balancing loss a mixture-of-experts model
+    (Mixtral, Qwen2/3-MoE, OLMoE, ...) returns when its config sets ``output_router_logits`` (transformers'
+    ``load_balancing_loss_func`` over the router logits of every layer, padding excluded by the attention
+    mask), weighted as the model's own forward adds it to its loss when given labels; None when the model
+    returns none. Still on the device (no sync)."""
+    aux = getattr(outputs, "aux_loss", None)
+    if aux is None:
+        return None
+    base = unwrapped(model)
+    coef = getattr(base, "router_aux_loss_coef", None)
+    if coef is None:
+        coef = getattr(getattr(base, "config", None), "router_aux_loss_coef", None)
+    if coef is None:
+        raise ValueError(
+            f"{type(base).__name__} returns a router aux_loss (config output_router_logits: true) but no "
+            "router_aux_loss_coef to weight it: set router_aux_loss_coef in the model's config, or set "
+            "output_router_logits: false"
+        )
+    return aux.float() * float(coef)
+
+
+def router_loss_choice(model: torch.nn.Module) -> str:
+    """For the run's log and summary: whether the training loss includes the router load-balancing loss
+    (``router_aux_loss``), "" for a model whose config does not ask for it."""
+    config = getattr(unwrapped(model), "config", None)
+    texts = [config, config.get_text_config()] if hasattr(config, "get_text_config") else [config]
+    on = [each for each in texts if getattr(each, "output_router_logits", False)]
+    if not on:
+        return ""
+    coef = getattr(on[0], "router_aux_loss_coef", None)
+    return (
+        "; the training loss includes the router load-balancing loss, "
+        f"router_aux_loss_coef {coef} x aux_loss (the model's config sets output_router_logits: true; "
+        "the evaluation loss is the cross-entropy alone)"
+    )
 
 
 # Logit elements (tokens x vocab) per cross-entropy chunk: 2**21 fp32 values = 8 MiB, small enough to stay in

@@ -26,6 +26,7 @@ from fastlm.engine.distributed.parallel import gathered_dtype, is_sharded
 from fastlm.engine.model.accumulation import FusedHead, accumulate_gradients
 from fastlm.engine.model.liger import apply_liger, linear_ce_kernel_choice
 from fastlm.engine.model.linear_loss import fused_head_choice
+from fastlm.engine.model.loss import router_loss_choice
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.float8 import apply_float8
 from fastlm.engine.train.master_weights import BackwardUpdates, MasterWeights, choose_param_dtype
@@ -164,6 +165,7 @@ def make_optimization(
     if head is not None:
         kernel, kernel_why = linear_ce_kernel_choice(params.loss.fused_linear_kernel, runtime.device)
         fused, why = FusedHead(head, kernel), f"{why}, {kernel_why}"
+    why += router_loss_choice(model)
     scaler = runtime.make_grad_scaler()
     return Optimization(
         model,
