@@ -429,6 +429,42 @@ def test_a_misspelled_key_names_the_file_that_writes_it(tmp_path, where):
     assert said.startswith("change train.optimzer.lr in this run's --params first"), said
 
 
+def test_a_misspelled_key_given_with_params_alone_is_fixed_there_alone(tmp_path):
+    """``kedro run --params train.optimzer.lr=1`` with no parameters file writing it: the fix said to change
+    it in --params first, then "remove or correct it in conf/base/parameters_train.yml", a file without the
+    key. It names --params alone."""
+    from types import SimpleNamespace
+
+    from kedro.config import OmegaConfigLoader
+    from kedro.io import DataCatalog, MemoryDataset
+    from kedro.pipeline import Node, Pipeline
+
+    from fastlm.hooks import ParametersValidHook
+
+    conf = _conf(tmp_path, "local", {"parameters_train.yml": {"train": {"max_steps": 3}}})
+
+    def refusal(given: dict) -> str:
+        hook = ParametersValidHook()
+        config = OmegaConfigLoader(str(conf), base_env="base", default_run_env="local", runtime_params=given)
+        hook.after_context_created(SimpleNamespace(config_loader=config))
+        pipeline = Pipeline([Node(lambda train: train, "params:train", "out")])
+        catalog = DataCatalog({"params:train": MemoryDataset({"max_steps": 3, **given["train"]})})
+        run = {"env": None, "project_path": str(tmp_path), "runtime_params": given}
+        with pytest.raises(ConfigError) as raised:
+            hook.before_pipeline_run(run, pipeline, catalog)
+        return str(raised.value)
+
+    said = refusal({"train": {"optimzer": {"lr": 1}}})
+    assert "unknown parameter train.optimzer (did you mean train.optimizer?)" in said, said
+    fix = said.split(" Fix: ")[1]
+    assert fix == "correct train.optimzer.lr in this run's --params: no parameters file writes it.", fix
+    # the key suggested is written in conf/local: that file does not write the misspelled one
+    said = refusal({"train": {"max_step": 5}})
+    assert "unknown parameter train.max_step (did you mean train.max_steps?)" in said, said
+    fix = said.split(" Fix: ")[1]
+    assert fix == "correct train.max_step in this run's --params: no parameters file writes it.", fix
+
+
 def test_a_bad_key_of_a_sweep_file_given_with_params_is_fixed_in_the_file(tmp_path):
     """``--params sweep=conf/local/sweeps/bad.yml`` whose file writes ``max_step: 2``: the fix said "change
     sweep in this run's --params first (a --params value overrides every parameters file: editing one changes

@@ -144,7 +144,8 @@ def named_in(values: Any, message: str) -> list[str]:
     """The dotted names of ``values`` (a parameters mapping: a file's, or the run's ``--params``) that
     ``message`` names as a whole name (``train.optimizer.lr``, not ``train.optimizer`` of it), or that lie
     under a key it calls an unknown parameter (``train.optimzer.lr`` of ``unknown parameter train.optimzer``:
-    a misspelled group, written only where its values are)."""
+    a misspelled group, written only where its values are); the name a "did you mean" suggests is not one."""
+    message = _SUGGESTED.sub("", message)  # the key suggested is not the one set
     unknown = [name.rstrip(".") + "." for name in _UNKNOWN.findall(message)]
     return [
         name
@@ -154,6 +155,7 @@ def named_in(values: Any, message: str) -> list[str]:
 
 
 _UNKNOWN = re.compile(r"unknown parameter ([\w.]+)")  # validation.parse_params's line for a misspelled key
+_SUGGESTED = re.compile(r" \(did you mean [^)]*\)")
 
 
 def _leaves(value: Any, prefix: str = "") -> list[str]:

@@ -190,15 +190,18 @@ class ParametersValidHook:
             given = [name for name in given if name != "sweep"]
         if given:
             where = "this run's --params" + (" (or its --config file's run.params)" if _config_file() else "")
+            if "unknown parameter" in what and self._written_in_no_file(what, run_params):
+                return type(error)(
+                    what, fix=f"correct {' and '.join(given)} in {where}: no parameters file writes it."
+                )
             changed = (
                 f"change {' and '.join(given)} in {where} first (a --params value overrides every parameters "
                 f"file: editing one changes nothing while it is given); {changed}"
             )
         return error if changed == fix else type(error)(what, fix=changed)
 
-    def _file_named(self, what: str, fix: str, run_params: dict) -> str:
-        """``fix`` with conf/base's parameters file replaced by the run environment's that sets a value
-        ``what`` names (see ``_named_where_set``)."""
+    def _conf_envs(self, run_params: dict) -> tuple[Path | None, str, str]:
+        """The run's conf folder (None where it is packed or remote), its environment and base environment."""
         loader = self._loader
         if loader is not None:
             source = str(getattr(loader, "conf_source", "") or "")
@@ -208,6 +211,18 @@ class ParametersValidHook:
         else:  # the hook called alone
             conf = Path(run_params.get("project_path") or ".") / "conf"
             env, base = run_params.get("env") or "local", "base"
+        return conf, env, base
+
+    def _written_in_no_file(self, what: str, run_params: dict) -> bool:
+        """Whether no parameters file of the run's environment or of its base writes a value ``what`` names
+        (False where the conf cannot be read here: packed or remote)."""
+        conf, env, base = self._conf_envs(run_params)
+        return conf is not None and all(setting_file(conf, name, what) is None for name in {env, base})
+
+    def _file_named(self, what: str, fix: str, run_params: dict) -> str:
+        """``fix`` with conf/base's parameters file replaced by the run environment's that sets a value
+        ``what`` names (see ``_named_where_set``)."""
+        conf, env, base = self._conf_envs(run_params)
         bases = [group.source for group in GROUPS.values() if group.source in fix]
         if conf is None or env == base or not bases:
             return fix
