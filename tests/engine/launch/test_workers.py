@@ -645,3 +645,23 @@ def test_the_tests_own_ranks_start_once_more_after_a_native_crash_with_its_stack
     assert len(calls.read_text().split()) in (1, 2)  # one start: both ranks, or one before the other's stop
     with pytest.warns(UserWarning), pytest.raises(ProcessExitedException, match="SIGSEGV"):
         spawned_ranks.start(spawned_ranks.crash_once, (folder, marker, True), folder, 2, start_method="fork")
+
+
+def test_a_stop_signal_before_the_workers_saved_a_checkpoint_ends_as_a_stop_not_a_failure(tmp_path):
+    """Round thirty-two: Ctrl-C (or SIGTERM) to a run of several processes while its workers start, before
+    rank 0 saved a checkpoint: the launcher's line ended the run with status 1, as a failed worker does, and
+    its MLflow run FAILED; a one-process run stopped so ends with 130 and KILLED. A stop now, the same line
+    (a checkpoint of an earlier launch is not this launch's)."""
+    import time
+
+    from fastlm.engine.launch.job import TrainJob
+    from fastlm.engine.launch.workers import _stopped_by
+    from fastlm.tracking import stopped_by_user
+
+    params = job_params(tmp_path, accum=1, nproc=2)
+    (tmp_path / "checkpoints-2").mkdir()
+    job = TrainJob(params, 48, None, None, None, str(tmp_path / "model"))
+    error = _stopped_by("SIGINT", job, 2, since=time.time())
+    assert str(error).startswith("training stopped by SIGINT: the 2 workers were stopped before a checkpoint")
+    assert "\n" not in str(error) and "train.resume: auto" in str(error)
+    assert error.exit_code == 130 and stopped_by_user(error)

@@ -98,6 +98,14 @@ class WorkerFailedError(FastlmError):
     native_stack = ""
 
 
+class WorkersStopped(FastlmError):
+    """A stop signal (Ctrl-C, SIGTERM) ended the workers before rank 0 saved a checkpoint: a stop, not a
+    failure, so the run ends with status 130 and its MLflow run KILLED, as a one-process run stopped before
+    its first checkpoint does."""
+
+    exit_code = 130
+
+
 def launch_workers(
     job: TrainJob,
     nproc: int,
@@ -180,12 +188,13 @@ def launch_workers(
 def _stopped_by(signal_name: str, job: TrainJob, nproc: int, *, since: float) -> FastlmError:
     """The launcher got a stop signal and its workers have ended: as a one-process run would say it
     (``TrainingInterrupted``, exit 130) where rank 0 saved a checkpoint since the launch (the workers finish
-    their step and save it: ``GracefulStop``'s ``persistent``), else that nothing was saved."""
+    their step and save it: ``GracefulStop``'s ``persistent``), else that nothing was saved
+    (:class:`WorkersStopped`, exit 130 too)."""
     saved = latest_checkpoint(Path(job.params.checkpoint_dir))
     if saved is not None and saved.stat().st_mtime >= since:
         step = int(saved.name.rsplit("-", 1)[1])  # checkpoint-<step>
         return TrainingInterrupted(signal_name, step, saved, resume=job.params.resume)
-    return WorkerFailedError(
+    return WorkersStopped(
         f"training stopped by {signal_name}: the {nproc} workers were stopped before a checkpoint was saved.",
         fix="run the same command again; train.resume: auto continues from the last checkpoint.",
     )
