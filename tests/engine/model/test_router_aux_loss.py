@@ -14,6 +14,7 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from fastlm.engine.data.schema import IGNORE_INDEX, TARGET_POSITIONS
 from fastlm.engine.model.accumulation import accumulate_gradients
 from fastlm.engine.model.loss import positions_to_keep, router_loss_choice
+from fastlm.errors import ConfigError
 from tests.support.tolerances import OTHER_FP32_KERNEL
 
 pytestmark = pytest.mark.kernels  # compares two computations
@@ -120,3 +121,13 @@ def test_without_router_logits_the_loss_is_the_cross_entropy_alone():
 def test_the_run_says_the_training_loss_includes_the_router_loss():
     assert "router_aux_loss_coef 0.5 x aux_loss" in router_loss_choice(tiny_moe())
     assert router_loss_choice(tiny_moe(output_router_logits=False)) == ""
+
+
+def test_packed_rows_with_a_dense_mask_are_refused_in_one_line():
+    model = tiny_moe()
+    each = batch(5)
+    rows, length = each["input_ids"].shape
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    each["attention_mask"] = causal.expand(rows, 1, length, length)  # packed rows on sdpa: the dense mask
+    with pytest.raises(ConfigError, match=r"output_router_logits: true .* Fix: set train.batching.mode"):
+        accumulate_gradients(model, [each])

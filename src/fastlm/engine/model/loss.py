@@ -20,11 +20,12 @@ import torch.nn.functional as F
 
 from fastlm.engine.data.schema import IGNORE_INDEX, TARGET_POSITIONS, model_inputs, shift_labels
 from fastlm.engine.model.encoder_decoder import HEAD_POSITIONS, takes_head_positions, unwrapped
+from fastlm.errors import ConfigError
 
 
 def forward_logits(model: torch.nn.Module, batch: Mapping) -> torch.Tensor:
     """The model's logits for ``batch``, shaped like its labels (varlen paths run rows flattened to one)."""
-    logits = model(**model_inputs(batch)).logits
+    logits = model(**routed_inputs(model, batch)).logits
     return logits.view(*batch["labels"].shape, logits.shape[-1])
 
 
@@ -109,12 +110,13 @@ def training_outputs(
     None but for a mixture-of-experts model with ``output_router_logits``), from the same forward."""
     targets = shift_labels(batch["labels"], ignore_index)
     keep = batch.get(TARGET_POSITIONS)
+    inputs = routed_inputs(model, batch)
     if keep is not None and takes_logits_to_keep(model):
-        outputs = model(**model_inputs(batch), logits_to_keep=keep)
+        outputs = model(**inputs, logits_to_keep=keep)
     elif keep is not None and keep.dtype != torch.bool and takes_head_positions(model):
-        outputs = model(**model_inputs(batch), **{HEAD_POSITIONS: keep})
+        outputs = model(**inputs, **{HEAD_POSITIONS: keep})
     else:
-        outputs = model(**model_inputs(batch))
+        outputs = model(**inputs)
         logits = outputs.logits.view(*batch["labels"].shape, outputs.logits.shape[-1])
         aux = router_aux_loss(model, outputs)
         return logits.reshape(-1, logits.size(-1)), targets.reshape(-1), aux
@@ -127,6 +129,32 @@ def training_outputs(
             "positions: it does not slice logits_to_keep as transformers' slice_logits_to_keep does"
         )
     return logits, kept, router_aux_loss(model, outputs)
+
+
+def routed_inputs(model: torch.nn.Module, batch: Mapping) -> dict:
+    """``model_inputs(batch)``, refused in one line where the model's config sets ``output_router_logits``
+    and the attention mask is not the ``[rows, T]`` padding mask: transformers' ``load_balancing_loss_func``
+    (run inside the model's forward) reads that mask flattened and fails on packed rows' dense
+    ``[rows, 1, T, T]`` mask or flex attention's block mask. A host-side shape check: no sync."""
+    inputs = model_inputs(batch)
+    mask = inputs.get("attention_mask")
+    if mask is None or (isinstance(mask, torch.Tensor) and mask.dim() == 2) or not _routes(model):
+        return inputs
+    shape = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+    raise ConfigError(
+        f"The model's config sets output_router_logits: true (its router load-balancing loss) and this run's "
+        f"packed rows reach it with a {shape} attention mask, from which transformers cannot compute that "
+        "loss.",
+        fix="set train.batching.mode: length_grouped (padded rows), or train.model.attn_implementation to a "
+        "varlen one (flash_attention_2, torch_varlen, sdpa_varlen), or output_router_logits: false in the "
+        "model's config.json.",
+    )
+
+
+def _routes(model: torch.nn.Module) -> bool:
+    config = getattr(unwrapped(model), "config", None)
+    texts = [config, config.get_text_config()] if hasattr(config, "get_text_config") else [config]
+    return any(getattr(each, "output_router_logits", False) for each in texts)
 
 
 def router_aux_loss(model: torch.nn.Module, outputs) -> torch.Tensor | None:
