@@ -6,13 +6,14 @@ from __future__ import annotations
 import torch
 
 
-def full_size_allocations(function, numel: int) -> int:
-    """How many ops run by ``function()`` return a NEW tensor of at least ``numel`` elements."""
+def new_tensor_shapes(function) -> list[torch.Size]:
+    """The shapes of the tensors the ops run by ``function()`` return in NEW storage (not one of their
+    inputs'), in order (shapes only: the tensors themselves are freed as the function frees them)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Count(TorchDispatchMode):
-        found = 0
+    made: list[torch.Size] = []
 
+    class Record(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             inputs = {
@@ -20,18 +21,28 @@ def full_size_allocations(function, numel: int) -> int:
                 for t in torch.utils._pytree.tree_leaves((args, kwargs))
                 if isinstance(t, torch.Tensor)
             }
-            for t in torch.utils._pytree.tree_leaves(out):
-                if (
-                    isinstance(t, torch.Tensor)
-                    and t.numel() >= numel
-                    and t.untyped_storage().data_ptr() not in inputs
-                ):
-                    Count.found += 1
+            made.extend(
+                t.shape
+                for t in torch.utils._pytree.tree_leaves(out)
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs
+            )
             return out
 
-    with Count():
+    with Record():
         function()
-    return Count.found
+    return made
+
+
+def full_size_allocations(function, numel: int) -> int:
+    """How many ops run by ``function()`` return a NEW tensor of at least ``numel`` elements."""
+    return sum(shape.numel() >= numel for shape in new_tensor_shapes(function))
+
+
+def vocab_wide_rows(function, vocab: int) -> int:
+    """The most rows (elements / ``vocab``) of a NEW tensor ending in a ``vocab``-wide dimension that
+    ``function()`` makes: logits, or a chunk of them."""
+    shapes = new_tensor_shapes(function)
+    return max((shape.numel() // vocab for shape in shapes if len(shape) and shape[-1] == vocab), default=0)
 
 
 _PRODUCTS = ("mm", "addmm", "addmm_", "bmm", "baddbmm")

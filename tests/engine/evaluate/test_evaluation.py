@@ -19,6 +19,7 @@ from fastlm.engine.evaluate import evaluation
 from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
 from fastlm.engine.evaluate.generation import generate_samples
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from tests.support.allocations import vocab_wide_rows
 from tests.support.project import catalog_dataset
 from tests.support.tiny_llama import LINE_END_VOCAB, line_end_llama
 from tests.support.tolerances import OTHER_FP32_KERNEL, OTHER_FP32_MODEL, reordered_sum_rtol
@@ -701,29 +702,3 @@ def test_a_validation_with_the_fused_head_makes_no_tokens_by_vocab_logits(setup,
     assert vocab_wide_rows(lambda: _loss_only(model, data, tokenizer, runtime, params), vocab) > 4 * 16
     assert all(p.grad is None for p in model.parameters())
     assert model.lm_head.forward.__func__ is torch.nn.Linear.forward
-
-
-def vocab_wide_rows(function, vocab: int) -> int:
-    """The most rows (elements / ``vocab``) of a NEW tensor ending in a ``vocab``-wide dimension that
-    ``function()`` makes: logits, or a chunk of them."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Widest(TorchDispatchMode):
-        rows = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            inputs = {
-                t.untyped_storage().data_ptr()
-                for t in torch.utils._pytree.tree_leaves((args, kwargs))
-                if isinstance(t, torch.Tensor)
-            }
-            for t in torch.utils._pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == vocab:
-                    if t.untyped_storage().data_ptr() not in inputs:
-                        Widest.rows = max(Widest.rows, t.numel() // vocab)
-            return out
-
-    with Widest():
-        function()
-    return Widest.rows
