@@ -88,7 +88,8 @@ def stop_signals_interrupt(signals: tuple[int, ...] = (signal.SIGINT, signal.SIG
     (SIGINT: Python's KeyboardInterrupt, as its own handler does); the training loop's graceful stop takes
     them over around its steps. Each is noted as raised (``signals.raised_by_signal``): one a finalizer
     swallowed (CPython's "Exception ignored in ...") is raised again before the workers start or the first
-    step (``signals.raise_swallowed_stop``), where the run went on to its end. A process forked from this
+    step (``signals.raise_swallowed_stop``), where the run went on to its end; a stop noted is the run's
+    alone (forgotten as this context ends). A process forked from this
     one (a worker pool) still dies by SIGTERM and SIGHUP, and gets SIGINT's KeyboardInterrupt, as before.
 
     At the end the previous handler is put back only where this one is still installed: a handler set during
@@ -114,9 +115,11 @@ def stop_signals_interrupt(signals: tuple[int, ...] = (signal.SIGINT, signal.SIG
     for signum in signals:
         if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
             previous[signum] = signal.signal(signum, interrupt)
+    stop_delivered()  # a stop noted in an earlier run of this process was that run's
     try:
         yield
     finally:
+        stop_delivered()  # this run's: raised on, or swallowed where the run had no more to stop
         for signum, handler in previous.items():
             if signal.getsignal(signum) is interrupt:
                 signal.signal(signum, handler)

@@ -95,6 +95,27 @@ def test_a_stop_a_finalizer_swallowed_before_the_loop_still_stops_the_run(tmp_pa
     assert type(stopped.value) is (KeyboardInterrupt if signum == signal.SIGINT else cli.StopSignal)
 
 
+def test_a_stop_noted_in_one_run_does_not_stop_the_next_run_of_the_process(tmp_path):
+    """A stop a handler noted in one CLI run that ended otherwise (the stop swallowed after its last step, or
+    the run ended by another error) is that run's: the next run in the same process (a notebook, a test
+    session calling the CLI again) trains."""
+    from fastlm import cli
+    from fastlm.engine.train.signals import raise_swallowed_stop, raised_by_signal
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with cli.stop_signals_interrupt():
+            raised_by_signal(KeyboardInterrupt())  # raised, and swallowed where nothing delivers it
+        with cli.stop_signals_interrupt():
+            raise_swallowed_stop()
+            result = run_toy(toy_params(tmp_path, **DETERMINISTIC))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        cli.stop_delivered()
+    assert result.history[-1]["step"] == STEPS
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_sigterm_saves_the_step_and_resumes_exactly(tmp_path, tmp_path_factory, mode):
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
