@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -482,7 +484,9 @@ def test_fsdp2_runs_the_fused_head_and_trains_like_one_process_with_the_plain_he
 ):
     """The fused LM head + loss reads the head's weight after the model's forward. FSDP2 leaves the root
     group's parameters (embedding, final norm, head) unsharded from the root's forward to its post-backward,
-    where the head's gradient is reduce-scattered with the rest: the fused loss runs sharded too."""
+    where the head's gradient is reduce-scattered with the rest: the fused loss runs sharded too. So does
+    the validation's: the root does not reshard after an evaluation forward either, so its loss runs through
+    the fused head, no ``[tokens x vocab]`` logits, with the plain head's validation loss."""
     one = one_process  # plain head (a vocabulary far below auto's threshold)
     params = job_params(
         tmp_path,
@@ -491,11 +495,26 @@ def test_fsdp2_runs_the_fused_head_and_trains_like_one_process_with_the_plain_he
         distributed={"nproc_per_node": 2, "strategy": "fsdp"},
         loss={"fused_linear": True},
     )
-    two = launch(params, bpe_tokenizer, tokenized, tmp_path)
+    through = tmp_path / "fused_validation_batches"
+    two = launch(
+        params,
+        bpe_tokenizer,
+        tokenized,
+        tmp_path,
+        callback_factory=functools.partial(FusedValidation, through),
+    )
     assert two.summary["fused_linear"] is True, two.summary["fused_linear_choice"]
     assert one.summary["fused_linear"] is False
     np.testing.assert_allclose(
         [r["loss"] for r in two.history], [r["loss"] for r in one.history], rtol=TRAINED_FP32_LOSS_REL
+    )
+    # rank 0's validation batches went through the fused head, its whole weight (every token's row)
+    assert through.exists() and set(through.read_text().split()) == {f"weight:{two.model.config.vocab_size}"}
+    assert [r["step"] for r in two.eval_history] == [r["step"] for r in one.eval_history]
+    np.testing.assert_allclose(
+        [r["val_loss"] for r in two.eval_history],
+        [r["val_loss"] for r in one.eval_history],
+        rtol=TRAINED_FP32_LOSS_REL,
     )
     # Two loss kernels give gradients equal to their last bits, but AdamW's lr * m / (sqrt(v) + eps) turns a
     # gradient within a few eps of zero into a step of up to lr on one side and not the other: every weight
@@ -512,6 +531,29 @@ def test_fsdp2_runs_the_fused_head_and_trains_like_one_process_with_the_plain_he
         apart += int((~torch.isclose(trained[name], want, **TRAINED_FP32_WEIGHTS)).sum())
         total += want.numel()
     assert apart <= total // 1000, f"{apart} of {total} weights outside {TRAINED_FP32_WEIGHTS}"
+
+
+class FusedValidation:
+    """Rank 0's loop callback (``launch``'s picklable ``callback_factory``) that records, in ``path``, for
+    each validation batch whose loss runs through the fused head in that worker process
+    (``evaluation.fused_linear_cross_entropy_sum``), whether the kernel read a plain weight or a shard
+    (DTensor), and its rows."""
+
+    def __init__(self, path) -> None:
+        from fastlm.engine.evaluate import evaluation
+
+        kernel_sum = evaluation.fused_linear_cross_entropy_sum
+
+        def recorded(kernel, hidden, weight, targets, bias=None, **options):
+            kind = "shard" if type(weight).__name__ == "DTensor" else "weight"
+            with open(path, "a") as file:
+                file.write(f"{kind}:{weight.shape[0]}\n")
+            return kernel_sum(kernel, hidden, weight, targets, bias, **options)
+
+        evaluation.fused_linear_cross_entropy_sum = recorded
+
+    def __call__(self, kind: str, record: dict) -> None:
+        pass
 
 
 BF16_WEIGHTS = {"precision": "bf16", "param_dtype": "bf16", "num_threads": 1}

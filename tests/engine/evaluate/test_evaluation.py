@@ -702,3 +702,55 @@ def test_a_validation_with_the_fused_head_makes_no_tokens_by_vocab_logits(setup,
     assert vocab_wide_rows(lambda: _loss_only(model, data, tokenizer, runtime, params), vocab) > 4 * 16
     assert all(p.grad is None for p in model.parameters())
     assert model.lm_head.forward.__func__ is torch.nn.Linear.forward
+
+
+def test_a_collective_forward_beyond_a_ranks_batches_makes_no_logits_with_the_fused_head(setup, monkeypatch):
+    """Under FSDP a rank with one batch fewer runs one forward more (its result not counted, the weights'
+    all-gather is a collective). With the run's fused head that forward returns the hidden states, as the
+    counted ones do: no ``[tokens x vocab]`` logits in it either, and the rank's sums are its own batches'."""
+    from fastlm.engine.model import linear_loss
+    from fastlm.engine.model.accumulation import FusedHead
+
+    model, tokenizer, data, runtime = setup
+    params = parse_train_params({"batching": {"mode": "packed", "micro_batch_size": 5}})
+    vocab = model.config.vocab_size
+    monkeypatch.setattr(linear_loss, "LINEAR_CE_CHUNK_ELEMENTS", 4 * vocab)  # chunks of 4 tokens
+    sampler, _ = evaluation.make_batching(params, data.lengths, pad_id=0, max_length=MAX_LENGTH, seed=0)
+    assert len(sampler.epoch_batches()) % 2 == 1  # rank 1 has one batch fewer: one forward more
+
+    def rank_one(fused: bool):
+        forwards, reports = [], []
+        hook = model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+        options = EvalOptions(
+            comm=_RankOfTwo(1),
+            collective_forward=True,
+            fused_head=FusedHead(model.lm_head) if fused else None,
+        )
+
+        def run():
+            reports.append(
+                evaluate(
+                    model,
+                    data,
+                    params=params,
+                    runtime=runtime,
+                    pad_id=tokenizer.pad_token_id,
+                    max_length=MAX_LENGTH,
+                    attn="sdpa",
+                    options=options,
+                )
+            )
+
+        try:
+            rows = vocab_wide_rows(run, vocab)
+        finally:
+            hook.remove()
+        return reports[0].metrics, len(forwards), rows
+
+    plain, plain_forwards, plain_rows = rank_one(fused=False)
+    fused, fused_forwards, fused_rows = rank_one(fused=True)
+    assert fused_forwards == plain_forwards == -(-len(sampler.epoch_batches()) // 2)
+    assert plain_rows > 4 * 16 and fused_rows == 4  # the chunks' logits only, the extra forward's none
+    assert fused["target_tokens"] == plain["target_tokens"]
+    assert math.isclose(fused["loss"], plain["loss"], rel_tol=reordered_sum_rtol(plain["target_tokens"]))
+    assert model.lm_head.forward.__func__ is torch.nn.Linear.forward

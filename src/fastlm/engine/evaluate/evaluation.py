@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -365,11 +366,13 @@ def _one_pass(model, dataset: TokenSequences, params: TrainParams, setting: _Pas
                 real_tokens += int(host["num_real_tokens"])
                 samples += int(host["num_samples"])
             if options.collective_forward:  # as many forwards as the busiest rank: their results not counted
+                fused = options.fused_head if errors is None else None  # with it: no logits for them either
                 for _ in range(rounds - own):
                     filler = (
                         filler if filler is not None else _first_batch(dataset, sampler, collator, setting)
                     )
-                    with setting.runtime.autocast_context():
+                    hidden_only = head_returns_hidden(fused.head) if fused is not None else nullcontext()
+                    with setting.runtime.autocast_context(), hidden_only:
                         forward_logits(model, filler)
         sums = torch.stack(
             [

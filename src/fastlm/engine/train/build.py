@@ -502,8 +502,9 @@ def _validation(
     compiled CPU step's regions").
 
     ``fused``: the steps' fused LM head (``Optimization.fused_head``): the validation's loss runs through it
-    too (``EvalOptions.fused_head``), no ``[tokens x vocab]`` logits, except under FSDP2, whose evaluation
-    forward leaves the head's weight to its sharding."""
+    too (``EvalOptions.fused_head``), no ``[tokens x vocab]`` logits; under FSDP2 too: the root group (the
+    head's) does not reshard after an evaluation forward either (``reshard_after_forward=False``), so the
+    loss reads the whole weight, as the steps' does."""
     if request.eval_set is None:
         return None
     fsdp = params.distributed.strategy == "fsdp"
@@ -511,7 +512,7 @@ def _validation(
         max_batches=params.eval_max_batches,
         comm=request.comm,
         collective_forward=fsdp,
-        fused_head=None if fsdp else fused,
+        fused_head=fused,
     )
     evaluated = model if fsdp else request.model
     on = attn if fsdp or (runtime.compile and runtime.compile_scope == "layers") else request.attn
