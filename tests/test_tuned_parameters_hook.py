@@ -313,6 +313,27 @@ def test_a_train_run_on_more_processes_divides_the_tuned_accumulation_to_keep_th
     assert not any("not applied" in line for line in lines), lines
 
 
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_an_accumulation_the_tune_did_not_choose_is_the_runs_own(tmp_path, monkeypatch, nproc):
+    """A tune without ``tune.target_effective_batch`` keeps ``train.batching.gradient_accumulation_steps``:
+    it copies the conf's value (8 then) into its file. A train run after the conf's accumulation changed (1
+    now in conf/base) trains with the conf's, and the line applying the file says so; the tuned micro-batch
+    applies. (The file's copied 8 overrode the conf's new value: every optimizer step held 8 times the
+    samples the conf asks for, said only as `gradient_accumulation_steps=8` in the applying line.)"""
+    from fastlm.pipelines.tune.record import accumulation_record
+
+    lines = _lines(monkeypatch)
+    batching = _tuned_on_processes(tmp_path, monkeypatch, nproc, accumulation_record(1, None, 4.0))
+    base = yaml.safe_load((tmp_path / "project/conf/base/parameters_train.yml").read_text())
+    conf = base["train"]["batching"]["gradient_accumulation_steps"]
+    assert conf != 8
+    assert (batching["micro_batch_size"], batching["gradient_accumulation_steps"]) == (4, conf)
+    said = [line for line in lines if "is in effect" in line]
+    assert len(said) == 1 and f"gradient_accumulation_steps 8 -> {conf}" in said[0], lines
+    assert "tune.target_effective_batch" in said[0], said
+    assert not any("not applied" in line for line in lines), lines
+
+
 def test_a_target_more_processes_cannot_keep_is_warned_in_one_line(tmp_path, monkeypatch):
     """Target 8 of micro-batches of 4 samples on 4 processes: one micro-batch per process already holds 16;
     the accumulation is 1 and one warning says the target cannot be kept."""

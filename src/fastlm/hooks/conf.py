@@ -548,7 +548,7 @@ class TunedParametersHook:
             for key in keys
             if key in tuned_batching and tuned_batching[key] != getattr(batching, key)
         )
-        processes = _for_processes(where, tuned, tuned_batching, catalog)
+        processes = _for_processes(where, tuned, tuned_batching, catalog, untuned)
         if processes is None:
             put(catalog, "params:train", untuned)
             return False
@@ -584,11 +584,13 @@ def _valid_with(where: str, train: dict, untuned: dict) -> None:
         ) from None
 
 
-def _for_processes(where: str, tuned: dict, tuned_batching: dict, catalog) -> str | None:
+def _for_processes(where: str, tuned: dict, tuned_batching: dict, catalog, untuned: dict) -> str | None:
     """The tuned accumulation for the processes this run's step spans (``engine.config.train_processes``):
     where the file's is for another count (``tune_accumulation``) and the run trains with the file's
     micro-batch and accumulation, ``params:train`` gets the accumulation that keeps the tuned target, and the
     sentence saying so is returned (empty: nothing to change); where the target cannot be kept, one warning.
+    An accumulation the tune did not choose (``tune.target_effective_batch`` null: it copied the conf's) is
+    the run's own without the file (``untuned``: conf/base's as it is now), said where the two differ.
     None: not applied (warned): a file that does not record its process count, on more than one process."""
     from fastlm.engine.config import train_processes
     from fastlm.pipelines.tune.record import ACCUMULATION_KEY, accumulation_for_processes
@@ -601,6 +603,10 @@ def _for_processes(where: str, tuned: dict, tuned_batching: dict, catalog) -> st
         key in tuned_batching and tuned_batching[key] != getattr(batching, key) for key in keys
     ):
         return ""  # no tuned accumulation, or --params / a later file sets it: the run's own
+    recorded = tuned.get(ACCUMULATION_KEY)
+    if isinstance(recorded, dict) and "target_effective_batch" in recorded:
+        if recorded["target_effective_batch"] is None:  # copied from the conf: the conf's now applies
+            return _own_accumulation(raw, batching.gradient_accumulation_steps, untuned, catalog)
     processes = train_processes(params.distributed.nproc_per_node)
     steps, said, kept = accumulation_for_processes(
         tuned.get(ACCUMULATION_KEY),
@@ -628,6 +634,27 @@ def _for_processes(where: str, tuned: dict, tuned_batching: dict, catalog) -> st
         log.warning("%s: the tuned target cannot be kept on this many processes: %s", where, said)
         return ""
     return said
+
+
+def _own_accumulation(raw: dict, tuned: int, untuned: dict, catalog) -> str:
+    """``params:train`` (``raw``, with the tuned file's accumulation ``tuned``) given the accumulation of the
+    run without the file (``untuned``), where a tune without ``tune.target_effective_batch`` copied another
+    value (conf/base's since changed, or a tune's ``--params``): the sentence saying so (empty: the same)."""
+    try:
+        own = GROUPS["train"].parse(untuned).batching.gradient_accumulation_steps
+    except ConfigError:
+        return ""  # the other files' own problem: the node's parsing says it
+    if own == tuned:
+        return ""
+    put(
+        catalog,
+        "params:train",
+        {**raw, "batching": {**(raw.get("batching") or {}), "gradient_accumulation_steps": own}},
+    )
+    return (
+        f"gradient_accumulation_steps {tuned} -> {own}: the tune kept the accumulation it was given "
+        f"(tune.target_effective_batch: null), and this run's without the file is {own}"
+    )
 
 
 def packed_tuned_file(source: str, env: str, name: str) -> tuple[str, dict | None] | None:
