@@ -580,6 +580,39 @@ def test_when_no_size_fit_the_error_says_the_first_failure_and_memory_advice_onl
     assert "conf/local/parameters_tuned.yml was left as it was" in message, message
 
 
+@pytest.mark.parametrize("status", [tune.OVER, tune.OOM])
+def test_when_nothing_fit_under_a_memory_limit_the_fix_names_the_limit_and_what_would_fit(status):
+    """``tune.memory_limit_gb: 0.1`` where the smallest micro-batch needed 658 MB: the one line's fix names
+    the limit the trials ran under (raise it, or null for the whole device) and, where a peak was measured,
+    the least limit under which that size fits with the headroom. (It said to free device memory, turn on
+    gradient checkpointing or use a smaller model: the user's own 0.1 GB was the cause, never named.)"""
+    trial = tune.Trial(1, status, 15.0, 1.0, 658.0) if status == tune.OVER else tune.Trial(1, status)
+    message = str(
+        tune.no_fit_error(
+            _nothing_fit(tune.ModeLadder("packed", [trial], None)),
+            min_size=1,
+            headroom=0.1,
+            memory_limit_mb=0.1 * 1024,
+            limit_gb=0.1,
+            tuned_file="conf/local/parameters_tuned.yml",
+        )
+    )
+    fix = message[message.index("Fix:") :]
+    assert "\n" not in message and "tune.memory_limit_gb" in fix and "0.1" in fix, message
+    assert ("tune.memory_limit_gb: 0.72" in fix) is (status == tune.OVER), message  # 658 / 0.9 / 1024
+    assert fix.index("tune.memory_limit_gb") < fix.index("free device memory"), message
+    without = str(
+        tune.no_fit_error(
+            _nothing_fit(tune.ModeLadder("packed", [trial], None)),
+            min_size=1,
+            headroom=0.1,
+            memory_limit_mb=24 * 1024,
+            tuned_file="conf/local/parameters_tuned.yml",
+        )
+    )
+    assert "tune.memory_limit_gb" not in without and "free device memory" in without, without
+
+
 class _CountedReads(torch.Tensor):
     """A tensor that counts the reads of its value into Python (``bool``, ``item``, ...): each one is a device
     sync on a GPU. What is computed from it is one as well, and counted."""

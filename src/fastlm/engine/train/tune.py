@@ -434,12 +434,14 @@ def no_fit_error(
     headroom: float,
     memory_limit_mb: float | None,
     tuned_file: str,
+    limit_gb: float | None = None,
 ) -> ConfigError:
     """The one line when no micro-batch size of any ladder (``results``: ``tune_checkpointing``'s) fit: what
     failed first (a mode not measured and why, or the first size that did not finish and why), the paragraph
     of what was measured, and the fix for that failure: memory advice only where memory (out of memory, over
-    the headroom) stopped a ladder; ``tuned_file`` is left as it was."""
-    first, memory, fixes = "", False, []
+    the headroom) stopped a ladder, first the user's ``tune.memory_limit_gb`` (``limit_gb``) where the trials
+    ran under it, with the least limit a measured size fits under; ``tuned_file`` is left as it was."""
+    first, memory, fixes, peaks = "", False, [], []
     for result in results:
         for ladder in result.ladders:
             failed = next((trial for trial in ladder.trials if trial.status != OK), None)
@@ -449,6 +451,8 @@ def no_fit_error(
             elif failed is not None:
                 said = f"{ladder.mode}: {_why_stopped(failed, headroom, memory_limit_mb)}"
                 memory = memory or failed.status in (OOM, OVER)
+                if failed.status == OVER and failed.peak_memory_mb:
+                    peaks.append(failed.peak_memory_mb)
                 if failed.status == NONFINITE:
                     fixes.append(
                         "the training diverges at these settings: lower train.optimizer.lr (or raise its "
@@ -462,6 +466,13 @@ def no_fit_error(
             else:
                 said = f"{ladder.mode}: nothing measured"
             first = first or said
+    if memory and limit_gb is not None:  # the user's own limit stopped the trials, not this device
+        least = math.ceil(min(peaks) / (1 - headroom) / 1024 * 100) / 100 if peaks else None
+        fixes.append(
+            f"the trials ran under tune.memory_limit_gb: {limit_gb:g}: raise it"
+            + (f" (tune.memory_limit_gb: {least:g} fits the smallest size measured)" if least else "")
+            + " or set it to null to tune for this device's memory"
+        )
     if memory:
         fixes.append("free device memory, turn on train.model.gradient_checkpointing, or use a smaller model")
     explained = f"first failure: {first}." if first else "nothing was measured."

@@ -157,6 +157,7 @@ def tune_micro_batch(
             headroom=settings.memory_headroom,
             memory_limit_mb=limit,
             tuned_file=tuned_file,
+            limit_gb=settings.memory_limit_gb,
         )
     tuned = {
         "train": {
