@@ -718,3 +718,64 @@ def test_a_response_holding_a_special_tokens_text_trains_it_as_text(sample_texts
         for ids, prompt_length in zip(part["input_ids"], part["prompt_length"], strict=True):
             assert ids[-1] == eos and eos not in ids[prompt_length:-1]
     assert fingerprint["params"]["data_format"]["response_special_tokens"] == "as_text"
+
+
+def test_the_split_says_once_how_many_pairs_it_grouped_by_a_shared_prompt(sample_texts, caplog):
+    """Pairs sharing a prompt are split as one (``split_steps.split_rows``): one line says how many, the
+    split counts and the split report hold it, and the splits are recorded as so made: splits made before
+    (by an older fastlm: their counts record nothing of it) are refused by a run of the later nodes, and data
+    tokenized before is stale, each saying why."""
+    import logging
+
+    from fastlm.corpus.config import parse_split_params
+    from fastlm.corpus.fingerprint import make_fingerprint
+    from fastlm.errors import ConfigError, StaleDataError
+
+    params = {**PARAMS, "max_length": 64, "prompt_column": "dialogue", "response_column": "summary"}
+    dialogues = [f"대화 {i}: {text}" for i, text in enumerate(sample_texts[:60])]
+    rows = [(dialogue, f"요약 {k}: {dialogue[:30]}") for dialogue in dialogues[:40] for k in range(3)]
+    rows += [(dialogue, f"요약: {dialogue[:30]}") for dialogue in dialogues[40:]]
+    frame = pd.DataFrame(rows, columns=["dialogue", "summary"])
+    frame.attrs["source_path"] = "data/01_raw/dialogsum.jsonl"
+    clean, counts = nodes.clean_corpus(frame, params)
+    with caplog.at_level(logging.INFO):
+        splits, split_counts = nodes.split_corpus(clean, counts, params)
+    said = [record.getMessage() for record in caplog.records if "share their prompt" in record.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert said[0].startswith("120 of 140 pairs share their prompt with another pair (40 prompts)"), said
+    assert split_counts["grouped_by_prompt"] == {"rows": 120, "prompts": 40}
+    assert splits.groupby("prompt")["split"].nunique().max() == 1
+    tokenizer = nodes.build_tokenizer(splits, params, split_counts)
+    _, fingerprint, stats = nodes.tokenize_corpus(splits, tokenizer, params, split_counts)
+    report, _ = nodes.report_split(split_counts, stats, fingerprint)
+    assert report["grouped_by_prompt"] == {"rows": 120, "prompts": 40}
+    assert fingerprint["params"]["data_format"]["split_groups"] == "shared_prompt"
+    older = {**split_counts, "made_with": dict(split_counts["made_with"])}
+    del older["made_with"]["split_groups"]
+    with pytest.raises(ConfigError, match="split by an older fastlm, which could put pairs sharing a prompt"):
+        nodes.tokenize_corpus(splits, tokenizer, params, older)
+    stale = json.loads(json.dumps(fingerprint))
+    del stale["params"]["data_format"]["split_groups"]
+    stale["fingerprint"] = make_fingerprint(
+        tokenizer,
+        64,
+        **{"data_format": stale["params"]["data_format"], "selection": stale["params"]["selection"]},
+    )["fingerprint"]
+    with pytest.raises(StaleDataError) as error:  # train: the data an older fastlm split
+        check_fresh(
+            stale, tokenizer, parse_split_params(params), where="data/05_model_input/tokenized_corpus"
+        )
+    assert "split by an older fastlm, which could put pairs sharing a prompt in two splits" in str(
+        error.value
+    )
+    assert "kedro run --pipeline=split" in str(error.value)
+    plain = nodes.split_corpus(*nodes.clean_corpus(pd.DataFrame({"text": sample_texts[:50]}), PARAMS), PARAMS)
+    assert "grouped_by_prompt" not in plain[1]
+    # two prompts split as two groups cannot fill three splits: the refusal says why
+    few = pd.DataFrame(
+        {"dialogue": [f"대화 {i % 2}" for i in range(60)], "summary": [f"요약 {i}" for i in range(60)]}
+    )
+    with pytest.raises(
+        InputDataError, match="60 of them lie in 2 groups sharing a prompt, each group in one split"
+    ):
+        nodes.split_corpus(*nodes.clean_corpus(few, params), params)

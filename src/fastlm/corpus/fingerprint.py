@@ -19,6 +19,9 @@ from fastlm.errors import InputDataError, StaleDataError
 # each again as a Python object and its bytes (about 0.9 GB); a row's hash depends on that row alone.
 HASH_CHUNK_ROWS = 65_536
 FORMAT_VERSION = 1  # bump when tokenization itself changes (e.g. how EOS or truncation work)
+# How the split groups the rows sharing a prompt (``prompts.SPLIT_GROUP``), recorded with the data it made:
+# pairs of one prompt, chats of one conversation (one's prompt beginning another's) split as one.
+SPLIT_GROUPS = {"prompt_response": "shared_prompt", "messages": "conversation"}
 REFRESH = (
     "run `kedro run --pipeline=split` to re-tokenize with these settings (it overwrites the stale data), or "
     "run this pipeline with the split.* parameters the data was split with (--params given to the split "
@@ -99,7 +102,9 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
     (``chat_template_kwargs``, recorded only when some are set: data split before they existed stays fresh),
     which predict and the report read back to render prompts as training did, which answers of a chat are
     trained (``train_turns``), and the column of each row's tools (``tools_column``), which predict reads
-    the tools of a chat input from.
+    the tools of a chat input from. ``split_groups`` (``SPLIT_GROUPS``) records that the rows sharing a prompt
+    were split as one (``prompts.SPLIT_GROUP``): data split before, whose test split may ask prompts the
+    train split trained on, is stale, saying so.
     """
     kind = split.data_format
     if kind == "text":
@@ -118,6 +123,7 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
             "prompt_column": split.prompt_column,
             "response_column": split.response_column,
             "response_special_tokens": "as_text",
+            "split_groups": SPLIT_GROUPS[kind],
         }
     else:
         template = getattr(tokenizer, "chat_template", None) if split.chat_template else None
@@ -127,6 +133,7 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
             "chat_template_sha256": template_sha,
             "train_turns": split.train_turns,
             "tools_column": split.tools_column,
+            "split_groups": SPLIT_GROUPS[kind],
         }
         if template and split.chat_template_kwargs:
             columns["chat_template_kwargs"] = dict(sorted(split.chat_template_kwargs.items()))
@@ -359,7 +366,22 @@ def _change(key: str, old: Any, new: Any) -> str:
             f"the data format changed ({(old or {}).get('kind', 'text')} -> "
             f"{(new or {}).get('kind', 'text')})"
         )
-    return ", ".join(f"{name} changed" for name in {**new, **old} if old.get(name) != new.get(name))
+    return ", ".join(
+        ungrouped_split(new["kind"])
+        if name == "split_groups" and old.get(name) is None and old.get("kind") == new.get("kind")
+        else f"{name} changed"
+        for name in {**new, **old}
+        if old.get(name) != new.get(name)
+    )
+
+
+def ungrouped_split(kind: str | None) -> str:
+    """Why data split before the rows sharing a prompt were split as one (``SPLIT_GROUPS``) is stale."""
+    rows = "chats of one conversation" if kind == "messages" else "pairs sharing a prompt"
+    return (
+        f"it was split by an older fastlm, which could put {rows} in two splits (a test row asking what a "
+        "train row trained on)"
+    )
 
 
 def texts_digest(texts, splits) -> str:

@@ -18,7 +18,10 @@ Data formats (``split`` parameters, conf/base/parameters_split.yml)
 
 Cleaning (NFC, strip, drop missing/non-string/empty rows, exact duplicates) and the hash split key on the
 *raw cleaned pair* (prompt text and response, or every role and content), never on the rendered prompt: a
-new template or another model's chat template keeps every row in its split, so runs stay comparable.
+new template or another model's chat template keeps every row in its split, so runs stay comparable. Rows
+that share a prompt (a dialogue with several reference summaries, a question with several answers, the
+rows of one conversation flattened one a turn) split as one group, keyed on the prompt alone
+(``SPLIT_GROUP``): no test row asks a prompt a train row trained on.
 
 Contract of the outputs
 -----------------------
@@ -50,6 +53,7 @@ response tokens and the closing EOS (``fastlm.engine.data.labels``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -88,16 +92,19 @@ from fastlm.corpus.tool_calls import (
 from fastlm.errors import ConfigError, InputDataError
 
 __all__ = [
+    "SPLIT_GROUP",
     "SYSTEM_TURN",
     "chat_turns",
     "clean_messages",
     "common_system_prompt",
+    "conversation_groups",
     "leading_bos",
     "prompt_frame",
     "prompt_token_ids",
     "quoted",
     "render_messages",
     "render_prompt",
+    "shared_prompt_groups",
     "system_turns",
     "tokenize_pairs",
     "tokenizer_as_trained",
@@ -110,6 +117,10 @@ log = logging.getLogger(__name__)
 # model_max_length "will result in indexing errors": every caller truncates the ids itself.
 UNPADDED = {"padding": False, "truncation": False, "verbose": False}
 KEY_SEPARATOR = "\x00"
+# The column of each row's group key: rows sharing a prompt (``shared_prompt_groups``; chats: one
+# conversation, ``conversation_groups``) split as one, keyed on it; None for a row that shares its prompt with
+# no other, keyed on its own ``split_key`` as ever. The split reads it and does not keep it.
+SPLIT_GROUP = "split_group"
 # The column of a chat's leading system turn (None: it begins otherwise) the split reads and does not keep.
 SYSTEM_TURN = "system_turn"
 # The key of prompt_frame's frame's ``attrs`` (and of the split report) recording the chats' tool use: the
@@ -118,10 +129,11 @@ TOOL_USE = "tool_use"
 
 
 def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFrame, dict[str, int]]:
-    """Clean and render ``raw`` (``config``: the split parameters) into ``prompt``, ``response`` and
-    ``split_key`` (the raw cleaned pair the hash split keys on), chats with their leading system turn
-    (``SYSTEM_TURN``), with drop counts per reason; chats with tools or tool calls record their use of them
-    in the frame's ``attrs[TOOL_USE]``."""
+    """Clean and render ``raw`` (``config``: the split parameters) into ``prompt``, ``response``,
+    ``split_key`` (the raw cleaned pair the hash split keys on) and ``SPLIT_GROUP`` (the prompt it keys on
+    instead where other rows share it), chats with their leading system turn (``SYSTEM_TURN``), with drop
+    counts per reason; chats with tools or tool calls record their use of them in the frame's
+    ``attrs[TOOL_USE]``."""
     if config.data_format == "messages":
         column = config.tools_column
         tools = None
@@ -152,6 +164,8 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         if spans is not None:
             frame["answer_spans"] = [value for value, keep in zip(spans, kept, strict=True) if keep]
         frame["split_key"] = chats["split_key"]
+        groups = conversation_groups(chats["history"], chats["prefixes"])
+        frame[SPLIT_GROUP] = pd.Series(groups, index=frame.index, dtype=object)
         # the split keeps its training chats' common one; object dtype: pandas 3 would store None as NaN
         frame[SYSTEM_TURN] = pd.Series(system_turns(chats["history"]), index=frame.index, dtype=object)
         _say_doubled_think_blocks(frame, config, tokenizer)
@@ -167,16 +181,81 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         return frame, drops
     pairs, drops = clean_pairs(raw[config.prompt_column], raw[config.response_column])
     _say_special_token_texts([[text] for text in pairs["prompt"]], tokenizer, "prompts")
+    prompt_keys = line_spaces_keys(pairs["prompt"])
     frame = pd.DataFrame(
         {
             "prompt": [render_prompt(text, config.prompt_template) for text in pairs["prompt"]],
             "response": pairs["response"],
-            "split_key": line_spaces_keys(pairs["prompt"])
-            + KEY_SEPARATOR
-            + line_spaces_keys(pairs["response"]),
+            # the prompt's key, then the response's, with nothing between them: pandas has always added
+            # KEY_SEPARATOR (a NUL, which numpy reads as an empty text) to these object columns as nothing,
+            # and every pair keeps the split this key gave it
+            "split_key": prompt_keys + line_spaces_keys(pairs["response"]),
+            SPLIT_GROUP: shared_prompt_groups(prompt_keys),
         }
     )
     return frame, drops
+
+
+def shared_prompt_groups(prompt_keys: pd.Series) -> pd.Series:
+    """Each pair's group key (``SPLIT_GROUP``; ``prompt_keys``: the pairs' prompts as the split key holds
+    them, white space inside lines made single): its prompt's key where another pair shares that prompt
+    (several reference summaries of one dialogue, several answers to one question), None where none does.
+
+    The pairs of one prompt are keyed on the prompt alone, so they lie in one split (and one fold), the same
+    whatever the row order and whichever of its responses the data holds; a pair with a prompt of its own
+    keeps its own key, and so the split it always had."""
+    shared = prompt_keys.duplicated(keep=False).to_numpy()
+    keys = np.where(shared, prompt_keys.to_numpy(dtype=object), None)
+    return pd.Series(keys, index=prompt_keys.index, dtype=object)
+
+
+def conversation_groups(
+    histories: Sequence[Sequence[Mapping]], prefixes: Sequence[Sequence[bytes]]
+) -> list[str | None]:
+    """Each chat's group key (``SPLIT_GROUP``; ``histories``: the cleaned turns before each chat's last
+    answer, no two chats alike; ``prefixes``: their ``_prefix_digests``, as ``clean_messages`` gives them):
+    the key of its conversation's shortest prompt where another chat's prompt begins with its prompt or its
+    prompt with another's, None where no other chat's does.
+
+    A chat's prompt holds every earlier turn, and its answers train with ``train_turns: all``: where one
+    chat's prompt begins another's (a conversation given one row an answer, or one question answered
+    twice), a row in test asks what a row in train trained on. Such chats (linked on, the smallest set
+    closed under that relation) all begin with the shortest prompt among them, the key of its turns
+    (``_turn_key``, as the split key writes them) is the group's: one split (and one fold) for the whole
+    conversation, whatever the row order. Chats that only begin with the same user turn and are answered
+    otherwise are not linked; a chat linked to none keeps its own key, and so the split it always had.
+    Turns are compared as the split key compares them (white space inside lines made single), without
+    the chats' tools."""
+    histories, chains = list(histories), list(prefixes)
+    owner: dict[bytes, int] = {}  # a whole prompt's digest: the first chat asking it
+    for row, chain in enumerate(chains):
+        owner.setdefault(chain[-1], row)
+    parent = list(range(len(chains)))
+
+    def root(row: int) -> int:
+        while parent[row] != row:
+            parent[row] = parent[parent[row]]
+            row = parent[row]
+        return row
+
+    for row, chain in enumerate(chains):
+        for digest in chain:  # every prompt that begins this one (itself among them)
+            other = owner.get(digest)
+            if other is not None and other != row:
+                a, b = root(row), root(other)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    members: dict[int, list[int]] = {}
+    for row in range(len(chains)):
+        members.setdefault(root(row), []).append(row)
+    groups: list[str | None] = [None] * len(chains)
+    for rows in members.values():
+        if len(rows) > 1:
+            shortest = histories[min(rows, key=lambda row: len(chains[row]))]
+            key = KEY_SEPARATOR.join(_turn_key(message) for message in shortest)
+            for row in rows:
+                groups[row] = key
+    return groups
 
 
 def special_token_texts(tokenizer) -> list[str]:
@@ -464,8 +543,9 @@ def _without_tool_chats(chats: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 
 def clean_messages(values: pd.Series, tools: list | None = None) -> tuple[pd.DataFrame, dict[str, int]]:
     """Rows of ``history`` (cleaned messages before the response), ``response``, ``split_key``, ``tools`` (the
-    row's function schemas, ``tools``: one per value, ``parse_tools``'; None: none) and ``final`` (the last
-    message, cleaned), and drops.
+    row's function schemas, ``tools``: one per value, ``parse_tools``'; None: none), ``final`` (the last
+    message, cleaned) and ``prefixes`` (a digest of each prefix of ``history``, ``conversation_groups``'),
+    and drops.
 
     Every content is NFC-normalized and stripped; a missing value is ``missing``, anything but a non-empty
     list of role/content mappings ending with an ``assistant`` message after at least one other message (or
@@ -503,11 +583,13 @@ def clean_messages(values: pd.Series, tools: list | None = None) -> tuple[pd.Dat
             {"role": m["role"], "content": text, **turn_fields(m)}
             for m, text in zip(chat, texts, strict=True)
         ]
-        key = KEY_SEPARATOR.join(_turn_key(m) for m in messages)
+        turn_keys = [_turn_key(m) for m in messages]
+        key = KEY_SEPARATOR.join(turn_keys)
         if tools[index]:
             key += f"{KEY_SEPARATOR}tools\x1f{tools_key(tools[index])}"
-        rows.append((messages[:-1], messages[-1]["content"], key, tools[index], messages[-1]))
-    frame = pd.DataFrame(rows, columns=["history", "response", "split_key", "tools", "final"])
+        prefixes = _prefix_digests(turn_keys[:-1])
+        rows.append((messages[:-1], messages[-1]["content"], key, tools[index], messages[-1], prefixes))
+    frame = pd.DataFrame(rows, columns=["history", "response", "split_key", "tools", "final", "prefixes"])
     duplicate = frame["split_key"].duplicated(keep="first")
     counts = pd.Series(reasons, dtype=object).value_counts()
     drops = {reason: int(counts.get(reason, 0)) for reason in DROP_REASONS[:-1]}
@@ -515,6 +597,16 @@ def clean_messages(values: pd.Series, tools: list | None = None) -> tuple[pd.Dat
     drops["tool_calls"] = 0  # chats with tool calls no chat template renders (``prompt_frame``)
     drops["duplicate"] = int(duplicate.sum())
     return frame[~duplicate].reset_index(drop=True), drops
+
+
+def _prefix_digests(turn_keys: Sequence[str]) -> list[bytes]:
+    """A digest of each prefix of a chat's turns (``turn_keys``: their ``_turn_key``), each of the one before
+    it and its last turn's key: two prompts begin alike exactly where their digests are the same."""
+    digest, digests = b"", []
+    for key in turn_keys:
+        digest = hashlib.blake2b(digest + key.encode("utf-8"), digest_size=16).digest()
+        digests.append(digest)
+    return digests
 
 
 def _turn_key(message: Mapping) -> str:

@@ -13,9 +13,16 @@ import pandas as pd
 
 from fastlm.corpus.chat_template import has_chat_template, unread_variables
 from fastlm.corpus.cleaning import clean_texts, line_spaces_keys, not_utf8_error, typed_not_text
-from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, rows_digest, selection_params
+from fastlm.corpus.fingerprint import (
+    data_format_params,
+    make_fingerprint,
+    rows_digest,
+    selection_params,
+    ungrouped_split,
+)
 from fastlm.corpus.pretokenized import id_texts, parse_id_texts
 from fastlm.corpus.prompts import (
+    SPLIT_GROUP,
     SYSTEM_TURN,
     TOOL_USE,
     chat_turns,
@@ -47,6 +54,7 @@ __all__ = [
     "clean_id_lists",
     "clean_rows",
     "data_columns",
+    "grouped_rows",
     "match_columns",
     "measure_splits",
     "split_fingerprint",
@@ -65,6 +73,8 @@ TRUNCATION_WARNING_SHARE = 0.05
 MADE_WITH = "made_with"
 # The split parameters the nodes after the splits read alone: a run of those nodes may change them.
 _LATER_PARAMS = {"max_length", "tokenizer", "batch_size", "num_proc"}
+# The record of how the rows sharing a prompt were split (``fingerprint.SPLIT_GROUPS``), in both records.
+SPLIT_GROUPS_KEY = "split_groups"
 
 
 def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[pd.DataFrame, dict]:
@@ -294,19 +304,46 @@ def require_columns(raw: pd.DataFrame, config, source: str) -> None:
 def split_rows(clean: pd.DataFrame, config) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
     """The rows of ``clean`` kept by ``split.max_samples`` with their ``split`` (a keyed hash of each text or
     raw prompt/response pair, its white space inside lines made single spaces: ``line_spaces_key``) and
-    fold, the kept rows' indices and split codes; a split or a fold left empty is refused."""
+    fold, the kept rows' indices and split codes; a split or a fold left empty is refused.
+
+    Rows that share a prompt (``prompts.SPLIT_GROUP``: pairs of one prompt, chats of one conversation) take
+    the split and fold of the prompt's key alone, all of them one, said in one line (``grouped_rows``);
+    every other row keeps its own key's. The cap draws each row on its own key either way: a row's split
+    does not depend on ``split.max_samples``."""
     keyed = clean["split_key"] if "split_key" in clean else line_spaces_keys(clean["text"])
     keys = text_keys(keyed, config.hash_salt)
+    if SPLIT_GROUP in clean:
+        shared = clean[SPLIT_GROUP].notna().to_numpy()
+        if shared.any():
+            keys[shared, 0] = text_keys(clean[SPLIT_GROUP].to_numpy()[shared], config.hash_salt)[:, 0]
     keep = cap_rows(keys[:, 1], config.max_samples)
     ratios = config.ratios
     codes = assign_splits(keys[keep, 0], ratios.train, ratios.validation, ratios.test)
     columns = {
-        name: clean[name].to_numpy()[keep] for name in clean.columns if name not in ("split_key", SYSTEM_TURN)
+        name: clean[name].to_numpy()[keep]
+        for name in clean.columns
+        if name not in ("split_key", SPLIT_GROUP, SYSTEM_TURN)
     }
     splits = pd.DataFrame({**columns, "split": pd.Categorical.from_codes(codes, categories=list(SPLITS))})
     if config.folds is not None:
         splits[FOLD_COLUMN] = assign_folds(
             keys[keep, 0], codes, config.folds, ratios.train, ratios.validation, ratios.test
+        )
+    grouped = grouped_rows(clean, keep)
+    if grouped and grouped["rows"]:
+        chats = config.data_format == "messages"
+        log.info(
+            "%d of %d %s share %s (%d %s): each %s's rows lie in one split%s, keyed on %s alone, so no "
+            "test row asks a prompt a train row trained on (split report: grouped_by_prompt)",
+            grouped["rows"],
+            len(keep),
+            "chats" if chats else "pairs",
+            "a prompt or the start of one with another chat" if chats else "their prompt with another pair",
+            grouped["prompts"],
+            "conversations" if chats else "prompts",
+            "conversation" if chats else "prompt",
+            " and one fold" if config.folds is not None else "",
+            "its shortest prompt" if chats else "the prompt",
         )
     counts = splits["split"].value_counts().reindex(SPLITS).to_dict()
     empty = [name for name in SPLITS if counts[name] == 0]
@@ -315,8 +352,14 @@ def split_rows(clean: pd.DataFrame, config) -> tuple[pd.DataFrame, np.ndarray, n
         name = empty[0]
         raise InputDataError(
             f"the {name} split would be empty: {len(splits)} text{'' if len(splits) == 1 else 's'} "
-            f"with split.ratios.{name} = {getattr(ratios, name):g} give it no text (counts {counts}); "
-            "nothing was written.",
+            f"with split.ratios.{name} = {getattr(ratios, name):g} give it no text (counts {counts}"
+            + (
+                f"; {grouped['rows']} of them lie in {grouped['prompts']} groups sharing a prompt, each "
+                "group in one split"
+                if grouped and grouped["rows"]
+                else ""
+            )
+            + "); nothing was written.",
             fix=f"give more texts (split.max_samples: {config.max_samples}) or raise split.ratios.{name} "
             "(every split needs at least one text).",
         )
@@ -324,6 +367,16 @@ def split_rows(clean: pd.DataFrame, config) -> tuple[pd.DataFrame, np.ndarray, n
         check_folds(splits[FOLD_COLUMN].to_numpy(), config)
     log.info("Split %d texts: %s", len(splits), counts)
     return splits, keep, codes
+
+
+def grouped_rows(clean: pd.DataFrame, keep: np.ndarray) -> dict | None:
+    """The kept rows (``keep``: their indices in ``clean``) split with others by a shared prompt
+    (``prompts.SPLIT_GROUP``) and the prompts (chats: conversations) they share, for the split report's
+    ``grouped_by_prompt``; None for data without prompts (texts, ids)."""
+    if SPLIT_GROUP not in clean:
+        return None
+    groups = clean[SPLIT_GROUP].iloc[keep].dropna()
+    return {"rows": int(len(groups)), "prompts": int(groups.nunique())}
 
 
 def check_folds(folds: np.ndarray, config) -> None:
@@ -510,6 +563,8 @@ def splits_made_with(config, tokenizer=None) -> dict:
     made["hash_salt"] = selection_params(config)["hash_salt"]
     format_params = data_format_params(config, tokenizer) or {}
     made["chat_template_sha256"] = format_params.get("chat_template_sha256")
+    # the rows sharing a prompt split as one: splits made before (none recorded) are not tokenized as such
+    made[SPLIT_GROUPS_KEY] = format_params.get(SPLIT_GROUPS_KEY)
     return made
 
 
@@ -528,6 +583,8 @@ def check_made_with(counts: dict | None, config, tokenizer) -> None:
     shown = "; ".join(
         f"split.{key} changed"  # recorded as a digest: the salt may be a secret
         if key == "hash_salt"
+        else ungrouped_split(config.data_format)
+        if key == SPLIT_GROUPS_KEY
         else f"split.{key}: {_dotted(made).get(key)!r} -> {_dotted(now).get(key)!r}"
         for key in changed[:3]
     )

@@ -18,6 +18,7 @@ from fastlm.corpus.split_steps import (
     check_made_with,
     clean_id_lists,
     clean_rows,
+    grouped_rows,
     match_columns,
     measure_splits,
     require_columns,
@@ -68,11 +69,14 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
 
 
 def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.DataFrame, dict]:
-    """Assign train/validation/test by a keyed hash of each text (or raw prompt/response pair); apply the
-    max_samples cap."""
+    """Assign train/validation/test by a keyed hash of each text (or raw prompt/response pair; the rows
+    sharing a prompt by the prompt's, counted under ``grouped_by_prompt``); apply the max_samples cap."""
     config = parse_group("split", params)
     splits, keep, codes = split_rows(clean, config)
     split_counts = {**cleaning, "capped_by_max_samples": int(len(clean) - len(keep))}
+    grouped = grouped_rows(clean, keep)
+    if grouped is not None:  # the kept rows split with others by a shared prompt, and those prompts
+        split_counts["grouped_by_prompt"] = grouped
     if SYSTEM_TURN in clean:  # the system turn every chat the model trains on (train, capped) began with
         turns = clean[SYSTEM_TURN].to_numpy()[keep][codes == SPLITS.index("train")]
         system, said = training_system_turn(turns)
@@ -181,6 +185,8 @@ def report_split(counts: dict, length_stats: dict, fingerprint: dict) -> tuple[d
             "source": counts["source"],
             "fingerprint": fingerprint["fingerprint"],
             "max_length": fingerprint["params"]["max_length"],
+            # prompt/response pairs and chats: the rows split as one with others by a shared prompt
+            **({"grouped_by_prompt": counts["grouped_by_prompt"]} if "grouped_by_prompt" in counts else {}),
             # the system turn every chat begins with: predict and the report ask the model after it
             **({"system_prompt": counts["system_prompt"]} if "system_prompt" in counts else {}),
             # chats' tools and tool calls (split.tools_column): the report's training summary says them
