@@ -229,7 +229,8 @@ def conversation_groups(
     histories, chains = list(histories), list(prefixes)
     owner: dict[bytes, int] = {}  # a whole prompt's digest: the first chat asking it
     for row, chain in enumerate(chains):
-        owner.setdefault(chain[-1], row)
+        if chain:
+            owner.setdefault(chain[-1], row)
     parent = list(range(len(chains)))
 
     def root(row: int) -> int:
