@@ -7,6 +7,7 @@ import torch
 from tests.support.tiny_models import llama_config
 
 TOKENS, HIDDEN, VOCAB = 37, 16, 301
+RANK = 4  # a LoRA head's
 IGNORE = -100
 
 
@@ -73,6 +74,39 @@ def step_loss_and_grads(model, batches, **kwargs):
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return loss_sum / targets, grads
+
+
+def lora_head_model(kind: str = "peft", dropout: float = 0.0, **config):
+    """A tiny Llama whose LoRA adapters include the LM head, peft's forward (``peft``) or fastlm's
+    (``fastlm``: ``lora.apply_lora``, fused forward and shared-input groups), each B drawn at random (peft's
+    zeros would leave every A without a gradient)."""
+    from peft import LoraConfig, get_peft_model
+
+    from tests.support.lora_checks import nonzero_lora_b
+
+    targets = ["q_proj", "v_proj", "lm_head"]
+    if kind == "fastlm":
+        from fastlm.engine.config import parse_train_params
+        from fastlm.engine.model import lora
+
+        raw = {"enabled": True, "r": RANK, "target_modules": targets, "dropout": dropout, **config}
+        model = lora.apply_lora(
+            tiny_llama(),
+            parse_train_params({"model": {"lora": raw}}).model.lora,
+            gradient_checkpointing="off",
+        )
+    else:
+        model = get_peft_model(
+            tiny_llama(), LoraConfig(r=RANK, target_modules=targets, lora_dropout=dropout, **config)
+        )
+    nonzero_lora_b(model)
+    return model
+
+
+def seeded_step(model, batches, **kwargs):
+    """One training step's loss and gradients, the LoRA dropout masks drawn from one seed."""
+    torch.manual_seed(11)
+    return step_loss_and_grads(model, batches, **kwargs)
 
 
 def cuda_step_against_ours(kernel: str, vocab: int = VOCAB, precision: str = "fp32"):

@@ -832,6 +832,41 @@ def test_fsdp2_trains_lora_on_a_base_with_tied_embeddings_and_checkpoints_the_ad
     assert sorted(safetensors.torch.load_file(str(folder / "model.safetensors"))) == sorted(trained)
 
 
+@pytest.mark.kernels  # two processes with the fused LoRA head vs one with the plain head: a tolerance
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_a_lora_adapted_head_fuses_in_two_processes_and_trains_as_one_with_the_plain_head(
+    tmp_path, bpe_tokenizer, tokenized, strategy
+):
+    """LoRA on the LM head, fused (``linear_loss.fused_head_choice``): its A and B are read after the model's
+    forward, by the loss. FSDP2's root group (the head's adapters among its parameters) stays unsharded
+    until its post-backward, which reduce-scatters their gradients; DDP all-reduces them with the rest. Two
+    processes train as one process with the plain head: the same losses and adapters, the head's included."""
+    from tests.support.tiny_llama import save_tiny_llama
+
+    base = save_tiny_llama(tmp_path / "base", bpe_tokenizer)
+    lora = {"enabled": True, "r": 4, "target_modules": ["q_proj", "v_proj", "lm_head"]}
+    adapters = {"name_or_path": str(base), "lora": lora}
+    one, two = one_and_two(
+        tmp_path,
+        bpe_tokenizer,
+        tokenized,
+        accum=2,
+        strategy=strategy,
+        model=adapters,
+        loss={"fused_linear": False},
+        two={"loss": {"fused_linear": True}},
+    )
+    assert two.summary["fused_linear"] is True and "LoRA" in two.summary["fused_linear_choice"]
+    assert one.summary["fused_linear"] is False
+    losses = [r["loss"] for r in one.history]
+    np.testing.assert_allclose([r["loss"] for r in two.history], losses, rtol=TRAINED_FP32_LOSS_REL)
+    trained = {name: p for name, p in one.model.named_parameters() if "lora_" in name}
+    assert any("lm_head.lora_B" in name for name in trained)
+    returned = dict(two.model.named_parameters())
+    for name, param in trained.items():
+        torch.testing.assert_close(returned[name], param.detach().cpu(), **TRAINED_FP32_WEIGHTS, msg=name)
+
+
 @pytest.mark.kernels  # two DoRA processes vs one: compared with a tolerance
 def test_fsdp2_trains_dora_adapters_with_loraplus_as_one_process(tmp_path, bpe_tokenizer, tokenized):
     """DoRA (fastlm's fused forward: the norms from the weights FSDP2 gathers) with LoRA+'s third optimizer

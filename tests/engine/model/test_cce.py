@@ -227,3 +227,33 @@ def test_the_optimizer_step_on_cuda_with_cce_runs_cce_and_matches_ours(fake_cce)
     assert len(fake_cce) == 1 and fake_cce[0]["dtypes"] == (torch.bfloat16, torch.bfloat16)
     torch.testing.assert_close(got.loss_sum, want.loss_sum, rtol=BF16_MODEL_LOSS_REL, atol=0)
     torch.testing.assert_close(got.grad_norm, want.grad_norm, rtol=BF16_MODEL_LOSS_REL, atol=0)
+
+
+def test_a_lora_adapted_head_keeps_ours_and_says_so(fake_cce):
+    """cut-cross-entropy multiplies one weight: a LoRA head's B (the weight's columns kept apart) is not
+    among its operands, so the adapted head runs ours, and the run's fused-head choice names ours."""
+    import dataclasses
+    from unittest import mock
+
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.engine.train.step import make_optimization
+    from tests.support.linear_loss import RANK, lora_head_model
+
+    hidden, weight, _, targets = inputs()
+    up = torch.randn(weight.size(0), RANK)
+    wide = torch.cat([hidden, torch.randn(hidden.size(0), RANK)], 1)
+    got = liger.fused_linear_cross_entropy_sum("cce", wide, weight, targets, up=up)
+    assert not fake_cce
+    torch.testing.assert_close(got, linear_cross_entropy_sum(wide, weight, targets, up=up))
+    raw = {
+        "loss": {"fused_linear": True, "fused_linear_kernel": "cce"},
+        "model": {"liger": "off"},
+        "runtime": {"float8": "off", "compile": False, "precision": "bf16"},
+    }
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="bf16", compile=False))
+    cuda = dataclasses.replace(runtime, device=CUDA)
+    with mock.patch.object(torch.cuda, "is_available", lambda: False):  # peft asks for a CUDA stream
+        model = lora_head_model()
+    opt = make_optimization(model, parse_train_params(raw), cuda, total_steps=2)
+    assert opt.fused_head is not None and opt.fused_head.kernel == "fastlm", opt.fused_choice
+    assert "cut-cross-entropy takes no LoRA adapter" in opt.fused_choice

@@ -463,3 +463,50 @@ def test_the_kernel_is_launched_with_the_warps_the_gpu_takes(fake_liger, monkeyp
     liger.fused_linear_cross_entropy_sum("liger", hidden, weight.requires_grad_(), targets, bias).backward()
     launches = kernel_launches(fake_liger)
     assert launches and {launch["num_warps"] for launch in launches} == {warps}
+
+
+@pytest.mark.parametrize("trained_weight", [False, True])
+def test_the_liger_kernel_takes_a_lora_heads_columns_kept_apart_as_ours(fake_liger, trained_weight):
+    """A LoRA head's B (``up``, the weight's last r columns kept apart): its product added into each chunk's
+    logits before liger's kernel, the gradients of the hidden states' r columns and of B from the kernel's
+    d(loss)/d(logits); a trained weight's by vocabulary blocks over the same logits. Ours', within the
+    reordered sums."""
+    from tests.support.linear_loss import RANK
+
+    hidden, weight, bias, targets = inputs()
+    generator = torch.Generator().manual_seed(1)
+    wide = torch.cat([hidden, torch.randn(hidden.size(0), RANK, generator=generator)], 1)
+    up = torch.randn(weight.size(0), RANK, generator=generator) / RANK**0.5
+    results = []
+    for function in (linear_cross_entropy_sum, liger.liger_linear_cross_entropy_sum):
+        leaves = [x.clone().requires_grad_() for x in (wide, weight, bias, up)]
+        leaves[1].requires_grad_(trained_weight)
+        loss = function(leaves[0], leaves[1], targets, leaves[2], up=leaves[3])
+        (loss / 5).backward()
+        results.append((loss.detach(), [leaf.grad for leaf in leaves]))
+    (ours, our_grads), (got, grads) = results
+    assert kernel_launches(fake_liger)
+    torch.testing.assert_close(got, ours, rtol=reordered_sum_rtol(targets.numel() * weight.size(0)), atol=0)
+    for grad, want in zip(grads, our_grads, strict=True):
+        if want is None:
+            assert grad is None
+            continue
+        torch.testing.assert_close(grad, want, **OTHER_FP32_KERNEL_GRAD)
+
+
+def test_a_training_step_with_a_lora_head_through_liger_equals_the_plain_head(fake_liger):
+    """LoRA on the head (dropout on: the same mask) through liger's kernel: the plain peft step's loss and
+    every adapter's gradient."""
+    from tests.support.linear_loss import lora_head_model, seeded_step
+
+    model = lora_head_model("fastlm", dropout=0.2)
+    head, why = fused_head_choice(model, True)
+    assert head is model.get_output_embeddings() and "LoRA" in why
+    batches = [packed_batch(VOCAB), packed_batch(VOCAB)]
+    plain_loss, plain = seeded_step(model, batches)
+    got_loss, got = seeded_step(model, batches, fused_head=FusedHead(head, "liger"))
+    assert len(kernel_launches(fake_liger)) >= 2
+    assert got.keys() == plain.keys() and any("lm_head.lora_B" in name for name in got)
+    torch.testing.assert_close(got_loss, plain_loss, **OTHER_FP32_KERNEL)
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, plain[name], **OTHER_FP32_KERNEL_GRAD, msg=name)

@@ -9,14 +9,18 @@ from tests.support.allocations import full_size_allocations, matrix_products
 from tests.support.linear_loss import (
     HIDDEN,
     IGNORE,
+    RANK,
     TOKENS,
     VOCAB,
     inputs,
+    lora_head_model,
     loss_and_grads,
     packed_batch,
+    seeded_step,
     step_loss_and_grads,
     tiny_llama,
 )
+from tests.support.lora_checks import nonzero_lora_b
 from tests.support.tolerances import (
     BF16_VS_FP32,
     OTHER_FP32_KERNEL,
@@ -395,6 +399,229 @@ def test_a_fused_run_validates_through_its_fused_head(tmp_path, monkeypatch):
     assert through == []
     fused = run_toy(toy_params(tmp_path / "fused", loss={"fused_linear": True}, **steps))
     assert through and all(type(head) is torch.nn.Linear for head in through)
+    assert fused.eval_history[-1]["val_loss"] == pytest.approx(
+        plain.eval_history[-1]["val_loss"], rel=TRAINED_FP32_LOSS_REL
+    )
+
+
+# --- a LoRA-adapted head -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("chunk", "block"), [(1, 1), (7, 13), (TOKENS, None)])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_more_columns_of_a_weight_kept_apart_give_the_concatenated_heads_loss_and_gradients(
+    chunk, block, smoothing
+):
+    """A LoRA head's logits are ``cat([x, s A x]) @ cat([W, B], 1).T``: the adapter's ``B`` given apart
+    (``up``), never concatenated to the ``[vocab x d]`` weight, gives the loss and every gradient of the
+    concatenated head's plain path (the weight trained too: its gradient by blocks, ``vocab_block``)."""
+    hidden, weight, b, targets = inputs()
+    generator = torch.Generator().manual_seed(1)
+    down = torch.randn(TOKENS, RANK, generator=generator)
+    up = torch.randn(VOCAB, RANK, generator=generator) / RANK**0.5
+    wide = torch.cat([hidden, down], 1)
+    expected, expected_grads = loss_and_grads(
+        reference_linear_cross_entropy_sum,
+        wide,
+        torch.cat([weight, up], 1),
+        b,
+        targets,
+        label_smoothing=smoothing,
+    )
+    leaves = [x.clone().requires_grad_() for x in (wide, weight, b, up)]
+    got = linear_cross_entropy_sum(
+        leaves[0],
+        leaves[1],
+        targets,
+        leaves[2],
+        up=leaves[3],
+        label_smoothing=smoothing,
+        chunk_tokens=chunk,
+        vocab_block=block,
+    )
+    (got / 5).backward()
+    torch.testing.assert_close(got.detach(), expected, rtol=reordered_sum_rtol(TOKENS * VOCAB), atol=0)
+    torch.testing.assert_close(leaves[0].grad, expected_grads[0], **OTHER_FP32_KERNEL)
+    torch.testing.assert_close(leaves[1].grad, expected_grads[1][:, :HIDDEN], **OTHER_FP32_KERNEL_GRAD)
+    torch.testing.assert_close(leaves[3].grad, expected_grads[1][:, HIDDEN:], **OTHER_FP32_KERNEL_GRAD)
+    torch.testing.assert_close(leaves[2].grad, expected_grads[2], **OTHER_FP32_KERNEL_GRAD)
+
+
+@pytest.mark.parametrize("kind", ["peft", "fastlm"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_a_lora_adapted_head_fuses_with_the_plain_heads_loss_and_gradients(kind, dropout):
+    """LoRA on the head (``target_modules`` listing ``lm_head``, e.g. to adapt a 128k vocabulary's output
+    distribution) kept the plain head: ``[tokens x vocab]`` logits and their gradient on the runs the fused
+    loss is for. Its logits are ``x W^T + s B A drop(x)``: the hidden states with the adapter's r columns
+    ``s A drop(x)`` (computed where the head's forward computes them: the same dropout mask) against
+    ``[W, B]``. Fused, the loss and the gradients of the head's A and B, of the earlier layers' adapters
+    (through the hidden states) match the plain peft forward's, dropout included; W stays frozen."""
+    from fastlm.engine.model.linear_loss import fused_head_choice
+
+    model = lora_head_model(kind, dropout)
+    model.train()
+    wrapper = model.get_output_embeddings()
+    head, why = fused_head_choice(model, True)
+    assert head is wrapper and "fused" in why and "LoRA" in why, why
+    batches = [packed_batch(VOCAB), packed_batch(VOCAB, layout=((9, 3), (14, 5), (8, 0)))]
+    plain_loss, plain = seeded_step(model, batches)
+    fused_loss, fused = seeded_step(model, batches, fused_head=head)
+    assert plain.keys() == fused.keys()
+    assert {"lm_head.lora_A", "lm_head.lora_B", "q_proj.lora_A"} <= {
+        ".".join(name.split(".")[-4:-2]) for name in fused
+    }, sorted(fused)
+    torch.testing.assert_close(fused_loss, plain_loss, **OTHER_FP32_KERNEL)
+    for name, grad in fused.items():
+        torch.testing.assert_close(grad, plain[name], **OTHER_FP32_KERNEL_GRAD, msg=name)
+    assert wrapper.get_base_layer().weight.grad is None
+    assert "forward" not in vars(wrapper)  # the head is itself again
+    if dropout:  # the masks matter: another seed, another loss
+        torch.manual_seed(12)
+        other, _ = step_loss_and_grads(model, batches, fused_head=head)
+        assert not torch.allclose(other, fused_loss, **OTHER_FP32_KERNEL)
+
+
+def test_a_lora_adapted_head_under_bf16_autocast_multiplies_in_bf16():
+    """As the plain fused head: the products in autocast's bf16 (the adapter's columns too), the loss and
+    the sums fp32; the loss and the trained gradients the plain step's within bf16's rounding."""
+    model = lora_head_model("fastlm")
+    from fastlm.engine.model.linear_loss import fused_head_choice
+
+    head, _ = fused_head_choice(model, True)
+    assert head is model.get_output_embeddings()
+    batches = [packed_batch(VOCAB)]
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    plain_loss, plain = step_loss_and_grads(model, batches, autocast=autocast)
+    result = []
+    products = matrix_products(
+        lambda: result.append(step_loss_and_grads(model, batches, autocast=autocast, fused_head=head))
+    )
+    vocab_wide = [p for p in products if VOCAB in p[1][0] + p[1][1]]
+    assert len(vocab_wide) >= 3 and {dtypes for _, _, dtypes in vocab_wide} == {(torch.bfloat16,) * 2}
+    fused_loss, fused = result[0]
+    assert plain.keys() == fused.keys() and all(g.dtype == torch.float32 for g in fused.values())
+    torch.testing.assert_close(fused_loss, plain_loss, rtol=BF16_VS_FP32["rtol"], atol=0)
+    for name, grad in fused.items():
+        want = plain[name]
+        torch.testing.assert_close(grad, want, rtol=0.05, atol=0.05 * want.abs().max().item(), msg=name)
+
+
+def test_a_lora_adapted_head_makes_no_tokens_by_vocab_logits_in_training_or_validation(monkeypatch):
+    """Chunks of 4 tokens: no tensor of more than 4 vocabulary-wide rows in a fused training step or a fused
+    validation batch (``evaluation._fused_loss_sum``, the run's head), whose loss is the plain one's."""
+    from fastlm.engine.evaluate import evaluation
+    from fastlm.engine.model import linear_loss
+    from fastlm.engine.model.accumulation import FusedHead
+    from fastlm.engine.model.loss import forward_logits, shift_labels
+    from tests.support.allocations import vocab_wide_rows
+
+    model = lora_head_model("fastlm", dropout=0.1)
+    head, _ = linear_loss.fused_head_choice(model, True)
+    batch = packed_batch(VOCAB)
+    monkeypatch.setattr(linear_loss, "LINEAR_CE_CHUNK_ELEMENTS", 4 * VOCAB)
+    assert vocab_wide_rows(lambda: step_loss_and_grads(model, [batch], fused_head=head), VOCAB) <= 4
+    assert vocab_wide_rows(lambda: step_loss_and_grads(model, [batch]), VOCAB) > 16
+    model.eval()
+    with torch.no_grad():
+        got = []
+        assert (
+            vocab_wide_rows(
+                lambda: got.append(evaluation._fused_loss_sum(model, batch, FusedHead(head))), VOCAB
+            )
+            <= 4
+        )
+        logits = forward_logits(model, batch)
+        targets = shift_labels(batch["labels"], IGNORE).reshape(-1)
+        want = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, VOCAB).float(), targets, ignore_index=IGNORE, reduction="sum"
+        )
+    loss_sum, count = got[0]
+    assert int(count) == int((targets != IGNORE).sum())
+    torch.testing.assert_close(loss_sum, want, rtol=reordered_sum_rtol(int(count) * VOCAB), atol=0)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def _two_adapters(model):
+    from peft import LoraConfig
+
+    model.add_adapter("other", LoraConfig(r=2, target_modules=["lm_head"]))
+    model.base_model.set_adapter(["default", "other"])
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda m: None, None),
+        ("use_dora", "DoRA"),
+        ("lora_bias", "bias"),
+        (_two_adapters, "2 active adapters"),
+        (lambda m: m.disable_adapter_layers(), "disabled or merged"),
+        (lambda m: m.get_output_embeddings().merge(), "disabled or merged"),
+        (lambda m: setattr(m.get_output_embeddings(), "fan_in_fan_out", True), "fan_in_fan_out"),
+    ],
+)
+def test_a_lora_head_that_cannot_be_fused_exactly_keeps_the_plain_head_and_says_why(change, says, caplog):
+    from fastlm.engine.model.linear_loss import fused_head_choice
+
+    if isinstance(change, str):
+        model = lora_head_model("peft", **{change: True})
+    else:
+        model = lora_head_model("peft")
+        change(model)
+    with caplog.at_level("WARNING"):
+        head, why = fused_head_choice(model, True)
+    if says is None:
+        assert head is model.get_output_embeddings() and "fused" in why
+        return
+    assert head is None and "plain LM head" in why and says in why, why
+    assert "train.loss.fused_linear is true" in caplog.text
+
+
+def test_a_run_with_lora_on_the_head_trains_fused_as_one_with_the_plain_head(tmp_path, monkeypatch):
+    """``lora.target_modules`` listing ``lm_head`` and ``loss.fused_linear: true``: the run's summary says
+    fused, its losses and validation loss (through the adapted head too) are the plain head's."""
+    from fastlm.engine.evaluate import evaluation
+    from fastlm.engine.model.lora import apply_lora
+    from tests.support.tolerances import TRAINED_FP32_LOSS_REL
+    from tests.support.toy_training import run_toy, toy_model, toy_params
+
+    through = []
+    fused_loss_sum = evaluation._fused_loss_sum
+
+    def counted(model, batch, fused):
+        through.append(fused.head)
+        return fused_loss_sum(model, batch, fused)
+
+    monkeypatch.setattr(evaluation, "_fused_loss_sum", counted)
+    lora = {"enabled": True, "r": 4, "dropout": 0.1, "target_modules": ["q_proj", "v_proj", "lm_head"]}
+    steps = {
+        "max_steps": 4,
+        "log_every": 1,
+        "eval_every": 4,
+        "runtime": {"precision": "fp32", "compile": False},
+        "model": {"lora": lora},
+    }
+
+    def adapted(params):
+        model = apply_lora(toy_model(), params.model.lora, gradient_checkpointing=False)
+        nonzero_lora_b(model)
+        return model
+
+    runs = {}
+    for name, fused_linear in (("plain", False), ("fused", True)):
+        params = toy_params(tmp_path / name, loss={"fused_linear": fused_linear}, **steps)
+        runs[name] = run_toy(params, model=adapted(params))
+    plain, fused = runs["plain"], runs["fused"]
+    assert fused.summary["fused_linear"] is True, fused.summary["fused_linear_choice"]
+    assert "LoRA" in fused.summary["fused_linear_choice"]
+    assert plain.summary["fused_linear"] is False
+    assert through and all(hasattr(head, "lora_A") for head in through)
+    assert [r["loss"] for r in fused.history] == pytest.approx(
+        [r["loss"] for r in plain.history], rel=TRAINED_FP32_LOSS_REL
+    )
     assert fused.eval_history[-1]["val_loss"] == pytest.approx(
         plain.eval_history[-1]["val_loss"], rel=TRAINED_FP32_LOSS_REL
     )

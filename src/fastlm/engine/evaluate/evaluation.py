@@ -60,7 +60,7 @@ from fastlm.engine.model.attention.inputs import to_device
 from fastlm.engine.model.attention.windows import enable_packed_windows, packing_leak
 from fastlm.engine.model.encoder_decoder import unwrapped
 from fastlm.engine.model.liger import fused_linear_cross_entropy_sum
-from fastlm.engine.model.linear_loss import head_returns_hidden
+from fastlm.engine.model.linear_loss import head_operands, head_returns_hidden
 from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.errors import OutOfMemory
@@ -618,11 +618,8 @@ def _fused_loss_sum(model, batch: dict, fused: FusedHead) -> tuple[torch.Tensor,
     with head_returns_hidden(head):
         hidden = forward_logits(model, batch)
     targets = shift_labels(batch["labels"], IGNORE_INDEX).reshape(-1)
+    weight, bias, up = (x.detach() if x is not None else None for x in head_operands(head))
     loss_sum = fused_linear_cross_entropy_sum(
-        fused.kernel,
-        hidden.reshape(-1, hidden.size(-1)).detach(),
-        head.weight.detach(),
-        targets,
-        head.bias.detach() if head.bias is not None else None,
+        fused.kernel, hidden.reshape(-1, hidden.size(-1)).detach(), weight, targets, bias, up=up
     )
     return loss_sum, (targets != IGNORE_INDEX).sum()

@@ -38,7 +38,7 @@ import torch
 
 from fastlm.engine.data.schema import count_target_tokens
 from fastlm.engine.model.liger import fused_linear_cross_entropy_sum
-from fastlm.engine.model.linear_loss import head_returns_hidden
+from fastlm.engine.model.linear_loss import head_operands, head_returns_hidden
 from fastlm.engine.model.loss import cross_entropy_sum, training_outputs
 
 
@@ -46,9 +46,10 @@ from fastlm.engine.model.loss import cross_entropy_sum, training_outputs
 class FusedHead:
     """The LM head whose matmul runs fused into the loss (``linear_loss.fused_head_choice``) and whose kernel
     runs it (``liger.linear_ce_kernel_choice``: ``fastlm`` or ``liger``): chosen together, once per run
-    (``train.step.make_optimization``), used together by every step."""
+    (``train.step.make_optimization``), used together by every step. ``head``: a Linear, or peft's LoRA
+    layer over one (``linear_loss.head_operands``)."""
 
-    head: torch.nn.Linear
+    head: torch.nn.Module
     kernel: str = "fastlm"
 
 
@@ -77,7 +78,7 @@ def accumulate_gradients(
     world_size: int = 1,
     gradient_sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
     label_smoothing: float = 0.0,
-    fused_head: torch.nn.Linear | FusedHead | None = None,
+    fused_head: torch.nn.Module | FusedHead | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Backpropagate the micro-batches of one optimizer step, each weighted by its share of the targets.
 
@@ -95,7 +96,7 @@ def accumulate_gradients(
     ``fastlm`` (ours, what a bare Linear gets).
     """
     total = total_target_tokens(micro_batches) if total_targets is None else int(total_targets)
-    if isinstance(fused_head, torch.nn.Linear):
+    if isinstance(fused_head, torch.nn.Module):
         fused_head = FusedHead(fused_head)
     step_loss_sum = None
     last_index = len(micro_batches) - 1
@@ -128,7 +129,8 @@ def _micro_batch_loss_sum(
     head = fused.head
     with head_returns_hidden(head):
         hidden, targets, aux = training_outputs(model, batch)
+    weight, bias, up = head_operands(head)
     loss_sum = fused_linear_cross_entropy_sum(
-        fused.kernel, hidden, head.weight, targets, head.bias, label_smoothing=label_smoothing
+        fused.kernel, hidden, weight, targets, bias, up=up, label_smoothing=label_smoothing
     )
     return loss_sum, aux

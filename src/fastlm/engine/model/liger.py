@@ -119,6 +119,7 @@ def liger_linear_cross_entropy_sum(
     targets: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
+    up: torch.Tensor | None = None,
     ignore_index: int = IGNORE_INDEX,
     label_smoothing: float = 0.0,
 ) -> torch.Tensor:
@@ -135,23 +136,35 @@ def liger_linear_cross_entropy_sum(
     per micro-batch (45 in the H100's 15 LoRA steps, docs/gpu-runs/2026-11-27-h100-gpu_speed_lora.log).
     With the sum reduction the kernel needs no target count, and the backward scales the saved gradients by
     the incoming one on the device. The products run in autocast's dtype where the caller runs under it,
-    else the weight's, as ours and the plain head's (liger's function multiplied in the weight's dtype)."""
+    else the weight's, as ours and the plain head's (liger's function multiplied in the weight's dtype).
+
+    ``up`` (a LoRA head's B: the weight's last columns kept apart, ``hidden`` [tokens, d + r]): its product
+    added into each chunk's logits before the kernel, the gradients of its columns of ``hidden`` and of
+    ``up`` (fp32, summed chunk by chunk: r columns) from the kernel's d(loss)/d(logits) as the others'."""
     compute = product_dtype(hidden, weight)
+    if hidden.size(1) != weight.size(1) + (up.size(1) if up is not None else 0):
+        raise ValueError(
+            f"hidden [tokens, d (+ r)] for a weight {tuple(weight.shape)}"
+            + (f" and up {tuple(up.shape)}" if up is not None else "")
+            + f" expected, got {tuple(hidden.shape)}"
+        )
     return _LigerLinearCrossEntropySum.apply(
-        hidden, weight, bias, targets, ignore_index, float(label_smoothing), compute
+        hidden, weight, bias, up, targets, ignore_index, float(label_smoothing), compute
     )
 
 
 class _LigerLinearCrossEntropySum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, ignore_index, label_smoothing, compute):
+    def forward(ctx, hidden, weight, bias, up, targets, ignore_index, label_smoothing, compute):
         from liger_kernel.ops import cross_entropy
 
         with torch.autocast(hidden.device.type, enabled=False), torch.no_grad():
             needs = ctx.needs_input_grad
-            gradients = any(needs[:3])
+            gradients = any(needs[:4])
             h, w = hidden.to(compute).contiguous(), weight.to(compute)
             b = bias.to(compute) if bias is not None else None
+            u = up.to(compute) if up is not None else None
+            columns = w.shape[1]  # h's columns w multiplies; u the rest
             tokens, vocab = h.shape[0], w.shape[0]
             # liger's chunk: about as many logits as hidden-state elements, a power of two of tokens
             chunk = _next_power_of_2(-(-tokens // -(-vocab // max(h.shape[1], 1))))
@@ -159,6 +172,7 @@ class _LigerLinearCrossEntropySum(torch.autograd.Function):
             kernel = cross_entropy.liger_cross_entropy_kernel
             grad_hidden = torch.empty_like(h) if needs[0] else None
             grad_bias = torch.zeros(vocab, dtype=torch.float32, device=w.device) if needs[2] else None
+            grad_up = torch.zeros_like(u, dtype=torch.float32) if u is not None and needs[3] else None
             losses = torch.zeros(tokens, dtype=torch.float32, device=h.device)
             # a trained head: each token's log-sum-exp for its weight's gradient by vocabulary blocks
             lse = torch.empty(tokens, dtype=torch.float32, device=h.device) if needs[1] else None
@@ -169,7 +183,10 @@ class _LigerLinearCrossEntropySum(torch.autograd.Function):
             names = getattr(kernel, "arg_names", None)  # a later liger's kernel: the names it takes
             for start in range(0, tokens, chunk):
                 rows = slice(start, start + chunk)
-                logits = torch.addmm(b, h[rows], w.T) if b is not None else h[rows] @ w.T
+                base = h[rows, :columns]
+                logits = torch.addmm(b, base, w.T) if b is not None else base @ w.T
+                if u is not None:  # the adapter's columns, added in place in the compute dtype (as the bias)
+                    logits.addmm_(h[rows, columns:], u.T)
                 if lse is not None:  # the kernel overwrites the logits: the target's and their sum first
                     unscored = _unscored(logits, index[rows], label_smoothing)
                 args = _kernel_args(logits, targets[rows], losses[rows], ignore_index, label_smoothing, block)
@@ -180,19 +197,22 @@ class _LigerLinearCrossEntropySum(torch.autograd.Function):
                 if lse is not None:  # the row's loss + what it took off the log-sum-exp; none: no gradient
                     lse[rows] = torch.where(has_target[rows], losses[rows] + unscored, torch.inf)
                 if grad_hidden is not None:  # ``logits`` now holds d(loss)/d(logits)
-                    torch.mm(logits, w, out=grad_hidden[rows])
+                    torch.mm(logits, w, out=grad_hidden[rows, :columns])
+                    if u is not None:
+                        torch.mm(logits, u, out=grad_hidden[rows, columns:])
+                if grad_up is not None:
+                    grad_up += (logits.T @ h[rows, columns:]).float()
                 if grad_bias is not None:
                     grad_bias += logits.float().sum(0)
             grad_weight = None
             if lse is not None:
                 grad_weight = head_weight_gradient(
-                    h, w, b, targets, lse, ignore_index=ignore_index, label_smoothing=label_smoothing
+                    h, w, b, targets, lse, up=u, ignore_index=ignore_index, label_smoothing=label_smoothing
                 )
-        ctx.save_for_backward(
-            *(g if g is not None else torch.empty(0) for g in (grad_hidden, grad_weight, grad_bias))
-        )
-        ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
-        ctx.present = (grad_hidden is not None, grad_weight is not None, grad_bias is not None)
+        grads = (grad_hidden, grad_weight, grad_bias, grad_up)
+        ctx.save_for_backward(*(g if g is not None else torch.empty(0) for g in grads))
+        ctx.dtypes = tuple(x.dtype if x is not None else None for x in (hidden, weight, bias, up))
+        ctx.present = tuple(g is not None for g in grads)
         return losses.sum()
 
     @staticmethod
@@ -202,7 +222,7 @@ class _LigerLinearCrossEntropySum(torch.autograd.Function):
             (g if g.dtype == dtype else g.to(dtype)).mul_(grad_loss) if present else None
             for g, dtype, present in zip(ctx.saved_tensors, ctx.dtypes, ctx.present, strict=True)
         ]
-        return grads[0], grads[1], grads[2], None, None, None, None
+        return grads[0], grads[1], grads[2], grads[3], None, None, None, None
 
 
 def _unscored(logits: torch.Tensor, index: torch.Tensor, label_smoothing: float) -> torch.Tensor:
@@ -267,16 +287,20 @@ def fused_linear_cross_entropy_sum(
     targets: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
+    up: torch.Tensor | None = None,
     label_smoothing: float = 0.0,
 ) -> torch.Tensor:
-    """The summed loss of the fused head through ``kernel`` (``linear_ce_kernel_choice``). cut-cross-entropy
-    has no bias and no label smoothing: a head with a bias keeps ours (smoothing with cce is refused with the
-    parameters)."""
+    """The summed loss of the fused head through ``kernel`` (``linear_ce_kernel_choice``); ``up``: a LoRA
+    head's B, the weight's columns kept apart (``linear_loss.linear_cross_entropy_sum``). cut-cross-entropy
+    has no bias, no label smoothing and no columns kept apart: a head with a bias or a LoRA adapter keeps
+    ours (smoothing with cce is refused with the parameters)."""
     if kernel == "liger":
-        return liger_linear_cross_entropy_sum(hidden, weight, targets, bias, label_smoothing=label_smoothing)
-    if kernel == "cce" and bias is None and not label_smoothing:
+        return liger_linear_cross_entropy_sum(
+            hidden, weight, targets, bias, up=up, label_smoothing=label_smoothing
+        )
+    if kernel == "cce" and bias is None and up is None and not label_smoothing:
         return cce_linear_cross_entropy_sum(hidden, weight, targets)
-    return linear_cross_entropy_sum(hidden, weight, targets, bias, label_smoothing=label_smoothing)
+    return linear_cross_entropy_sum(hidden, weight, targets, bias, up=up, label_smoothing=label_smoothing)
 
 
 def apply_liger(model: torch.nn.Module, request: str, device: torch.device, *, strategy: str = "ddp") -> str:

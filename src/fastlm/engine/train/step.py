@@ -25,7 +25,7 @@ from fastlm.engine.config import TrainParams
 from fastlm.engine.distributed.parallel import gathered_dtype, is_sharded
 from fastlm.engine.model.accumulation import FusedHead, accumulate_gradients
 from fastlm.engine.model.liger import apply_liger, linear_ce_kernel_choice
-from fastlm.engine.model.linear_loss import fused_head_choice
+from fastlm.engine.model.linear_loss import fused_head_choice, head_operands
 from fastlm.engine.model.loss import router_loss_choice
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.float8 import apply_float8
@@ -164,6 +164,12 @@ def make_optimization(
     fused = None
     if head is not None:
         kernel, kernel_why = linear_ce_kernel_choice(params.loss.fused_linear_kernel, runtime.device)
+        if kernel == "cce" and head_operands(head)[2] is not None:  # cce multiplies one weight, no more
+            kernel = "fastlm"
+            kernel_why = (
+                "fastlm's chunked PyTorch kernel (cut-cross-entropy takes no LoRA adapter's columns beside "
+                "the head's weight; train.loss.fused_linear_kernel: cce)"
+            )
         fused, why = FusedHead(head, kernel), f"{why}, {kernel_why}"
     why += router_loss_choice(model)
     scaler = runtime.make_grad_scaler()
