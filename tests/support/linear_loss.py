@@ -76,10 +76,10 @@ def step_loss_and_grads(model, batches, **kwargs):
     return loss_sum / targets, grads
 
 
-def lora_head_model(kind: str = "peft", dropout: float = 0.0, **config):
-    """A tiny Llama whose LoRA adapters include the LM head, peft's forward (``peft``) or fastlm's
-    (``fastlm``: ``lora.apply_lora``, fused forward and shared-input groups), each B drawn at random (peft's
-    zeros would leave every A without a gradient)."""
+def lora_head_model(kind: str = "peft", dropout: float = 0.0, base_dtype=torch.float32, **config):
+    """A tiny Llama (frozen weights in ``base_dtype``) whose LoRA adapters include the LM head, peft's forward
+    (``peft``) or fastlm's (``fastlm``: ``lora.apply_lora``, fused forward and shared-input groups, fp32
+    adapters), each B drawn at random (peft's zeros would leave every A without a gradient)."""
     from peft import LoraConfig, get_peft_model
 
     from tests.support.lora_checks import nonzero_lora_b
@@ -97,7 +97,8 @@ def lora_head_model(kind: str = "peft", dropout: float = 0.0, **config):
         )
     else:
         model = get_peft_model(
-            tiny_llama(), LoraConfig(r=RANK, target_modules=targets, lora_dropout=dropout, **config)
+            tiny_llama().to(base_dtype),
+            LoraConfig(r=RANK, target_modules=targets, lora_dropout=dropout, **config),
         )
     nonzero_lora_b(model)
     return model

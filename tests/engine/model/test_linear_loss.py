@@ -481,10 +481,12 @@ def test_a_lora_adapted_head_fuses_with_the_plain_heads_loss_and_gradients(kind,
         assert not torch.allclose(other, fused_loss, **OTHER_FP32_KERNEL)
 
 
-def test_a_lora_adapted_head_under_bf16_autocast_multiplies_in_bf16():
+@pytest.mark.parametrize("base_dtype", [torch.float32, torch.bfloat16])
+def test_a_lora_adapted_head_under_bf16_autocast_multiplies_in_bf16(base_dtype):
     """As the plain fused head: the products in autocast's bf16 (the adapter's columns too), the loss and
-    the sums fp32; the loss and the trained gradients the plain step's within bf16's rounding."""
-    model = lora_head_model("fastlm")
+    the sums fp32; the loss and the trained gradients (fp32 adapters, over an fp32 or a bf16 frozen base)
+    the plain step's within bf16's rounding."""
+    model = lora_head_model("fastlm", base_dtype=base_dtype)
     from fastlm.engine.model.linear_loss import fused_head_choice
 
     head, _ = fused_head_choice(model, True)
@@ -544,6 +546,14 @@ def test_a_lora_adapted_head_makes_no_tokens_by_vocab_logits_in_training_or_vali
     assert all(p.grad is None for p in model.parameters())
 
 
+class _QuantizedLinear(torch.nn.Linear):
+    """A Linear subclass computing its own product (as bitsandbytes' or float8's layers do)."""
+
+
+def _quantized_base(model):
+    model.get_output_embeddings().base_layer.__class__ = _QuantizedLinear
+
+
 def _two_adapters(model):
     from peft import LoraConfig
 
@@ -561,6 +571,7 @@ def _two_adapters(model):
         (lambda m: m.disable_adapter_layers(), "disabled or merged"),
         (lambda m: m.get_output_embeddings().merge(), "disabled or merged"),
         (lambda m: setattr(m.get_output_embeddings(), "fan_in_fan_out", True), "fan_in_fan_out"),
+        (_quantized_base, "adapts a _QuantizedLinear, not a plain Linear"),
     ],
 )
 def test_a_lora_head_that_cannot_be_fused_exactly_keeps_the_plain_head_and_says_why(change, says, caplog):
