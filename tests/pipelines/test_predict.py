@@ -376,6 +376,13 @@ def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(pr
             ConfigError,
             "predict.seed = 18446744073709551616",
         ),
+        # vLLM's and the OpenAI API's greedy decoding: refused with pydantic's "greater than 0" alone
+        (
+            {"input": "data/01_raw/inputs.jsonl", "prompt_column": "dialogue", "temperature": 0},
+            ConfigError,
+            "predict.temperature = 0 is invalid: a temperature must be above 0 (a temperature of 0, greedy "
+            "decoding in vLLM and the OpenAI API, is do_sample: false here, the default)",
+        ),
     ],
     ids=[
         "missing_input",
@@ -390,6 +397,7 @@ def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(pr
         "max_input_tokens_past_positions",
         "negative_seed",
         "seed_past_64_bits",
+        "temperature_zero",
     ],
 )
 def test_bad_parameters_are_refused_in_one_line_and_nothing_is_written(project, predict, error, message):
@@ -401,6 +409,46 @@ def test_bad_parameters_are_refused_in_one_line_and_nothing_is_written(project, 
         isinstance(found, error) and message in str(found) and "\n" not in str(found) and "Fix:" in str(found)
     )
     assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        (
+            {"temperature": 0.7, "top_p": 0.9},
+            "predict.temperature = 0.7 and predict.top_p = 0.9 change nothing",
+        ),
+        ({"top_k": 5, "length_penalty": 2.0}, "predict.top_k = 5 changes nothing"),
+    ],
+    ids=["temperature_top_p", "top_k_length_penalty"],
+)
+def test_decoding_settings_the_decoding_never_reads_are_said_in_one_warning(project, caplog, settings, named):
+    """vLLM and the OpenAI API sample at the temperature given; here a sampling setting without
+    predict.do_sample (or a length penalty without beams) was dropped before ``generate``, which then never
+    gave transformers' own warning: greedy predictions, the setting recorded beside them, no word said."""
+    _run(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue", max_new_tokens=3, **settings)
+    warned = [
+        r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "nothing" in r.getMessage()
+    ]
+    assert len(warned) == len(settings) - ("top_p" in settings)  # the sampling ones in one line
+    assert named in warned[0] and "predict.do_sample=true" in warned[0]
+    if "length_penalty" in settings:
+        assert (
+            "predict.length_penalty = 2.0 changes nothing" in warned[1] and "predict.num_beams" in warned[1]
+        )
+    summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
+    assert summary["decoding"].startswith("greedy")
+    caplog.clear()
+    sampled = {"do_sample": True, "num_beams": 2}  # beam sampling: each setting read
+    _run(
+        project,
+        input="data/01_raw/inputs.jsonl",
+        prompt_column="dialogue",
+        max_new_tokens=3,
+        **sampled,
+        **settings,
+    )
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "nothing" in r.getMessage()]
 
 
 def test_a_failed_save_leaves_the_previous_file_whole_and_no_partial_file(tmp_path, monkeypatch):

@@ -40,12 +40,40 @@ class DecodingParams(Params):
 
     num_beams: int = Field(1, ge=1)
     do_sample: bool = False
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, description="sampling only; above 0")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int | None = Field(None, ge=1)
     repetition_penalty: float = Field(1.0, gt=0)
     no_repeat_ngram_size: int = Field(0, ge=0)
     length_penalty: float = Field(1.0, description="beam search only: > 1 favours longer outputs")
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_above_zero(cls, value: float) -> float:
+        # vLLM's and the OpenAI API's temperature 0 is greedy decoding: the refusal says what is greedy here
+        if not value > 0:  # NaN too
+            raise ValueError(
+                "a temperature must be above 0 (a temperature of 0, greedy decoding in vLLM and the OpenAI "
+                "API, is do_sample: false here, the default)"
+            )
+        return value
+
+    def unused(self) -> tuple[dict, dict]:
+        """(sampling settings set though ``do_sample`` is false, a length penalty set though ``num_beams`` is
+        1): away from their "off" value, yet dropped before ``generate`` (``decoding_kwargs``), so
+        transformers' own warning never comes; {name: value} each, empty where none."""
+        sampling = {}
+        if not self.do_sample:
+            off = {"temperature": 1.0, "top_p": 1.0, "top_k": None}
+            sampling = {
+                name: getattr(self, name) for name, value in off.items() if getattr(self, name) != value
+            }
+        beams = (
+            {"length_penalty": self.length_penalty}
+            if self.num_beams == 1 and self.length_penalty != 1.0
+            else {}
+        )
+        return sampling, beams
 
     def decoding(self) -> dict:
         """The decoding settings (``fastlm.engine.evaluate.generation.decoding_kwargs`` arguments)."""

@@ -35,6 +35,7 @@ __all__ = [
     "refuse_a_tokenizer_without_eos",
     "refuse_prompts_of_an_id_model",
     "say_predicted",
+    "say_unused_decoding",
     "system_turn_record",
     "tools_record",
     "training_rows",
@@ -164,6 +165,39 @@ def check_template_variables(variables, chat, chat_training, trained: dict, para
             ", ".join(unread),
             "it changes" if len(unread) == 1 else "they change",
         )
+
+
+def say_unused_decoding(params) -> None:
+    """Say in one warning each the decoding settings (``params``, ``PredictParams``) the decoding chosen never
+    reads (``DecodingParams.unused``): a temperature, top-p or top-k without ``predict.do_sample`` (vLLM and
+    the OpenAI API sample at a temperature given; here the rows are decoded greedily, or by beam search), a
+    length penalty without beams. They are dropped before ``generate``, so its own warning never comes."""
+    sampling, beams = params.unused()
+    if sampling:
+        log.warning(
+            "%s %s nothing: predict.do_sample is false, so each row is decoded %s and sampling settings are "
+            "not read (vLLM and the OpenAI API sample at a temperature given); set predict.do_sample=true to "
+            "sample with %s, or leave %s at %s",
+            _listed(sampling),
+            "changes" if len(sampling) == 1 else "change",
+            "greedily" if params.num_beams == 1 else f"by beam search ({params.num_beams} beams)",
+            "it" if len(sampling) == 1 else "them",
+            "it" if len(sampling) == 1 else "them",
+            _listed({"temperature": 1.0, "top_p": 1.0, "top_k": "null"}, only=sampling),
+        )
+    if beams:
+        log.warning(
+            "predict.length_penalty = %s changes nothing: it scores beam search's hypotheses and "
+            "predict.num_beams is 1 (greedy); set predict.num_beams above 1 to search with it, or leave "
+            "predict.length_penalty at 1.0",
+            beams["length_penalty"],
+        )
+
+
+def _listed(values: dict, only: dict | None = None) -> str:
+    """``predict.<name> = <value>`` for each of ``values`` (those named in ``only``), joined with "and"."""
+    shown = [f"predict.{name} = {value}" for name, value in values.items() if only is None or name in only]
+    return " and ".join([", ".join(shown[:-1]), shown[-1]] if len(shown) > 1 else shown)
 
 
 def check_prompts_of_text_model(trained: dict, asks_prompts: bool) -> None:

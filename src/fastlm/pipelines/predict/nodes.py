@@ -51,6 +51,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     steps.check_template_variables(params.chat_template_kwargs, chat, chat_training, trained, parameter)
     steps.check_prompts_of_text_model(trained, parameter == PROMPTS)
     steps.check_chats_of_other_model(trained, parameter == MESSAGES)
+    steps.say_unused_decoding(params)
     from fastlm.engine.runtime.environment import setup_runtime  # imports torch: after the checks above
 
     runtime = setup_runtime(parse_group("train", train_params).runtime, seed=params.seed)
