@@ -790,6 +790,45 @@ def test_the_id_column_keeps_its_ids_as_the_file_writes_them(tmp_path, suffix):
     assert shown["id"].tolist() == written
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_ids_that_repeat_or_rows_without_one_are_said_in_one_warning(tmp_path, caplog, suffix):
+    """``predict.id_column`` names each prediction's row, to join it back: ids that repeat ("a" twice; the
+    JSON 3 and "3", written alike in the predictions) or rows without one gave predictions whose id names
+    two rows, or none, and no word was said. Ids of one row each say nothing."""
+    from fastlm.datasets.predict_sources import PredictSources
+
+    path = tmp_path / f"inputs{suffix}"
+    tokenizer = llama_style_tokenizer([f"row {i}" for i in range(6)], vocab_size=60)
+    sources = PredictSources(tmp_path / "model", tmp_path / "runs", tmp_path / "parts")
+
+    def warned(keys, id_column="key"):
+        if suffix == ".csv":
+            lines = [f"{key if key is not None else ''},row {i}\n" for i, key in enumerate(keys)]
+            path.write_text("key,prompt\n" + "".join(lines))
+        else:
+            rows = [
+                {"prompt": f"row {i}", **({"key": key} if key is not None else {})}
+                for i, key in enumerate(keys)
+            ]
+            path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        caplog.clear()
+        table = sources.read_input(str(path), id_column=id_column)
+        with caplog.at_level(logging.WARNING):
+            input_rows(
+                table, tokenizer, column=("predict.prompt_column", "prompt"), template=TEMPLATE,
+                id_column=id_column, limit=None, too_long="truncate", source=str(path),
+            )  # fmt: skip
+        return [r.getMessage() for r in caplog.records if "predict.id_column" in r.getMessage()]
+
+    said = warned(["a", "a", None, 3, "3", "b"])
+    assert len(said) == 1, said
+    assert f"predict.id_column 'key' of {path}" in said[0]
+    assert "4 rows share an id with another row ('a': rows 0 and 1; '3': rows 3 and 4)" in said[0]
+    assert "1 row has no id (row 2)" in said[0] and "predict.id_column unset" in said[0]
+    assert warned(["a", "a", None, 3, "3", "b"], id_column=None) == []  # the row numbers
+    assert warned(["a", "007", "7", 3, "b"]) == []
+
+
 @pytest.mark.parametrize(
     ("name", "content", "expected"),
     [

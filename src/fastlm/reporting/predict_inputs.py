@@ -240,7 +240,8 @@ def input_rows(
     for row, prompt in zip(rows, encoded, strict=True):
         prompts[row] = prompt
     shown = values.map(_shown_messages if messages else _shown, na_action=None)
-    found = _row_table(table, id_column, shown, prompts, reasons, (limit, too_long, leading_bos(tokenizer)))
+    cut = (limit, too_long, leading_bos(tokenizer))
+    found = _row_table(table, id_column, shown, prompts, reasons, cut, source=source)
     if tools is not None:  # each row's tools (None: none, or refused), as its chat was asked with them
         given: list = [None] * len(values)
         for row, row_tools in zip(np.flatnonzero(ok), tools, strict=True):
@@ -320,7 +321,7 @@ def id_input_rows(
         )
         if ids is not None:
             prompts[row], shown[row] = ids, " ".join(map(str, ids))
-    return _row_table(table, id_column, shown, prompts, reasons, (limit, too_long, None))
+    return _row_table(table, id_column, shown, prompts, reasons, (limit, too_long, None), source=source)
 
 
 def _check_columns(table: pd.DataFrame, column: tuple[str, str], id_column: str | None, source: str) -> None:
@@ -345,9 +346,12 @@ def _row_table(
     prompts: list,
     reasons: pd.Series,
     cut: tuple,
+    *,
+    source: str = "the input",
 ) -> pd.DataFrame:
     """The rows' table (``input_rows``'): each prompt (None: refused, ``reasons``) cut to ``limit`` tokens
-    (``cut``: limit, too_long, the leading BOS kept), or refused as too long."""
+    (``cut``: limit, too_long, the leading BOS kept), or refused as too long. Ids of ``id_column`` that do
+    not name one row each are said in one warning (``_say_shared_ids``)."""
     limit, too_long, bos = cut
     ids: list = [None] * len(prompts)
     truncated = np.zeros(len(prompts), dtype=bool)
@@ -361,9 +365,67 @@ def _row_table(
             prompt, truncated[row] = truncate_prompt_ids(prompt, limit, bos), True
         ids[row] = prompt
     row_ids = table[id_column].reset_index(drop=True) if id_column else pd.Series(range(len(prompts)))
+    if id_column:
+        _say_shared_ids(row_ids, id_column, source)
     return pd.DataFrame(
         {"id": row_ids, "input": shown, "ids": ids, "refused": reasons, "truncated": truncated}
     )
+
+
+LISTED_IDS = 3  # ids (and rows without one) named in the warning on ids that name no single row
+
+
+def _say_shared_ids(row_ids: pd.Series, id_column: str, source: str) -> None:
+    """Say in one warning the rows of ``id_column`` whose id does not name them alone, which a join of the
+    predictions on ``id`` mixes up: ids another row has too (compared as the predictions' CSV writes them: a
+    JSON 3 and "3" are one id), and rows with none (missing or blank), the first few of each named by row
+    number (0-based, as an unset ``predict.id_column`` numbers them)."""
+    written = [None if _no_id(value) else str(plain_id(value)) for value in row_ids]
+    rows: dict[str, list[int]] = {}
+    for row, key in enumerate(written):
+        if key is not None:
+            rows.setdefault(key, []).append(row)
+    shared = {key: found for key, found in rows.items() if len(found) > 1}
+    missing = [row for row, key in enumerate(written) if key is None]
+    if not shared and not missing:
+        return
+    said = []
+    if shared:
+        named = "; ".join(
+            f"{key!r}: {_rows_named(found)}" for key, found in list(shared.items())[:LISTED_IDS]
+        )
+        count = sum(len(found) for found in shared.values())
+        more = "; ..." if len(shared) > LISTED_IDS else ""
+        said.append(f"{count} rows share an id with another row ({named}{more})")
+    if missing:
+        said.append(
+            f"{len(missing)} row{' has' if len(missing) == 1 else 's have'} no id ({_rows_named(missing)})"
+        )
+    log.warning(
+        "predict.id_column %r of %s: %s, so the predictions' id does not name one row each (a join on it "
+        "mixes them up); give each row an id of its own, or leave predict.id_column unset (each "
+        "prediction's id is then its row number)",
+        id_column,
+        source,
+        " and ".join(said),
+    )
+
+
+def _no_id(value) -> bool:
+    """A missing (None, NaN, pandas' NA) or blank id."""
+    if isinstance(value, str):
+        return not value.strip()
+    return value is None or (pd.api.types.is_scalar(value) and bool(pd.isna(value)))
+
+
+def _rows_named(rows: list[int]) -> str:
+    """``row 2``, ``rows 0 and 1``, ``rows 0, 4 and 9``, ``rows 0, 4, 9, ...``: the first ``LISTED_IDS``."""
+    shown = [str(row) for row in rows[:LISTED_IDS]]
+    if len(rows) > LISTED_IDS:
+        return f"rows {', '.join(shown)}, ..."
+    if len(shown) == 1:
+        return f"row {shown[0]}"
+    return f"rows {', '.join(shown[:-1])} and {shown[-1]}"
 
 
 def _shown(value) -> str:
