@@ -713,6 +713,9 @@ class RunTracker:
                 "model_step": (summary.get("early_stopping") or {}).get("model_from_step")
                 or summary.get("steps"),
                 "steps": summary.get("steps"),
+                # the steps it set out to train (train.max_steps, or its epochs'): a run stopped before them
+                # (its time budget, early stopping) is told apart from one that trained them
+                "planned_steps": summary.get("planned_steps"),
                 # where the time went besides the steps: torch.compile's compiles (the probe's among them)
                 # and the validations
                 **{key: summary.get(key) for key in ("compiles", "compile_s", "compile_probe_s", "eval_s")},

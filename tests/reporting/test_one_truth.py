@@ -281,6 +281,63 @@ def test_run_comparison_names_a_label_smoothed_train_loss_and_an_early_stopped_r
     assert not {"label_smoothing", "model_step", "last_step"} & set(compare_runs(plain).columns)
 
 
+def test_a_run_stopped_before_its_planned_steps_shows_the_steps_it_trained():
+    """A run stopped by its time budget (``train.max_minutes``) at step 4 of its 300 stood in the comparison
+    as ``train.max_steps 300`` beside full runs of 6 steps, its losses read as a 300-step run's; the step it
+    reached was nowhere. Now ``last_step`` follows final_val_loss wherever a run trained fewer steps than it
+    planned (``planned_steps``, logged by the train node; else its ``train.max_steps``)."""
+    runs = runs_frame(SPEED).assign(
+        **{
+            "metrics.final_val_loss": [3.2, 3.0, 3.1],
+            "params.train.max_steps": ["300", "6", "6"],
+            "metrics.model_step": [4.0, 6.0, 6.0],
+            "metrics.steps": [4.0, 6.0, 6.0],
+        }
+    )
+    table = compare_runs(runs, current_run_id="a" * 32)
+    columns = list(table.columns)
+    assert columns[columns.index("final_val_loss") + 1] == "last_step", columns
+    assert table["last_step"].tolist() == [4.0, 6.0, 6.0] and "model_step" not in columns
+    assert table["train.max_steps"].tolist() == ["300", "6", "6"]
+    # an epoch-based run (no train.max_steps) stopped short: its planned steps, logged as a metric, tell
+    epochs = runs.drop(columns=["params.train.max_steps"]).assign(
+        **{"metrics.planned_steps": [61.0, 6.0, 6.0]}
+    )
+    assert compare_runs(epochs)["last_step"].tolist() == [4.0, 6.0, 6.0]
+    # every run trained its planned steps: no column
+    whole = runs.assign(**{"metrics.steps": [300.0, 6.0, 6.0], "metrics.model_step": [300.0, 6.0, 6.0]})
+    assert "last_step" not in compare_runs(whole).columns
+
+
+def test_a_finished_training_logs_its_planned_steps_as_a_run_metric(monkeypatch):
+    """The steps a run planned (``train.max_steps``, or its epochs' steps) reach its MLflow run beside the
+    steps it trained, where the run comparison reads them."""
+    from fastlm.tracking import RunTracker
+
+    logged = {}
+    tracker = RunTracker()
+    monkeypatch.setattr(tracker.metrics, "log_params", lambda params: None)
+    monkeypatch.setattr(tracker.metrics, "log_run_metrics", logged.update)
+    tracker.training_finished({"steps": 4, "planned_steps": 300, "real_tokens_per_s": 1.0, "runtime": {}})
+    assert logged["steps"] == 4 and logged["planned_steps"] == 300
+
+
+def test_the_run_comparison_keeps_its_columns_in_one_order_whatever_order_mlflow_gives():
+    """``mlflow.search_runs`` orders the parameter columns as a set of their names iterates, which changes
+    with each process (string hashing): the same runs reported twice gave run_comparison.csv and the report's
+    table their parameter columns in another order each time. They are in their names' order."""
+    runs = runs_frame(SPEED).assign(
+        **{"params.split.max_length": ["48", "64", "48"], "params.train.optimizer.lr": ["0.1", "0.2", "0.1"]}
+    )
+    tables = [
+        compare_runs(runs[[*runs.columns[:6], *order]], current_run_id="a" * 32)
+        for order in (list(runs.columns[6:]), list(reversed(runs.columns[6:])))
+    ]
+    pd.testing.assert_frame_equal(tables[0], tables[1])
+    shown = [column for column in tables[0].columns if column.startswith(("split.", "train."))]
+    assert shown == sorted(shown) and len(shown) == 4, shown
+
+
 def test_runs_on_other_tokenized_data_are_marked_and_said_not_to_compare():
     """Per-token losses of runs with another tokenizer or other data do not compare: the rows whose data
     fingerprint is not the reported run's are marked (``data``: other) and the comparison's text says so.

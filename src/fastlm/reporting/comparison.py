@@ -39,6 +39,9 @@ SMOOTHING = "params.train.loss.label_smoothing"
 # The step whose weights the run returned (early stopping's best, else the last) and the run's last step,
 # logged by the train node: final_val_loss is the first's, final_train_loss the second's
 MODEL_STEP, LAST_STEP = "metrics.model_step", "metrics.steps"
+# The steps a run set out to train (logged by the train node; runs from before it have their train.max_steps
+# alone): a run stopped before them (train.max_minutes, early stopping) shows the step it reached
+PLANNED_STEPS, MAX_STEPS = "metrics.planned_steps", "params.train.max_steps"
 # Test-split metrics logged by the report (``test_<name>``), shown in the comparison when a run has them.
 TEST_METRICS = (
     "loss",
@@ -95,9 +98,10 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     runs = _newest_with(
         runs[runs["_speed"].notna()].sort_values("start_time", ascending=False), limit, current_run_id
     )
+    # in their names' order: search_runs orders them as a set iterates, another order in each process
     params = {
         column: runs[column].map(param_value)
-        for column in runs.columns
+        for column in sorted(runs.columns)
         if column.startswith("params.")
         and not column.startswith(NOT_COMPARED)
         and not column.endswith(WHY_CHOSEN)
@@ -240,16 +244,33 @@ def _name_the_losses(table: pd.DataFrame, runs: pd.DataFrame) -> None:
     """In place: ``label_smoothing`` after final_train_loss where any run's train loss was smoothed (its
     validation and test losses are plain), and ``model_step`` / ``last_step`` after final_val_loss where a
     run's model is an earlier step's than its last (early stopping's best: final_val_loss is that step's,
-    final_train_loss the last step's)."""
+    final_train_loss the last step's); ``last_step`` alone where a run stopped before the steps it planned
+    (``_planned_steps``: a time budget's stop at step 4 of 300 read as a run of train.max_steps 300)."""
     smoothing = pd.to_numeric(runs.get(SMOOTHING, pd.Series(math.nan, index=runs.index)), errors="coerce")
     if (smoothing > 0).any():
         table.insert(table.columns.get_loc("final_train_loss") + 1, "label_smoothing", smoothing.to_numpy())
-    if MODEL_STEP in runs and LAST_STEP in runs:
-        model, last = (pd.to_numeric(runs[name], errors="coerce") for name in (MODEL_STEP, LAST_STEP))
+    if LAST_STEP not in runs:
+        return
+    last = pd.to_numeric(runs[LAST_STEP], errors="coerce")
+    at = table.columns.get_loc("final_val_loss") + 1
+    if MODEL_STEP in runs:
+        model = pd.to_numeric(runs[MODEL_STEP], errors="coerce")
         if (model < last).any():
-            at = table.columns.get_loc("final_val_loss") + 1
             table.insert(at, "model_step", model.to_numpy())
             table.insert(at + 1, "last_step", last.to_numpy())
+            return
+    if (last < _planned_steps(runs)).any():
+        table.insert(at, "last_step", last.to_numpy())
+
+
+def _planned_steps(runs: pd.DataFrame) -> pd.Series:
+    """Per run, the steps it set out to train: its logged ``planned_steps``, else (a run from before it) its
+    ``train.max_steps``; NaN where neither is known (a run of epochs from before)."""
+    planned = pd.Series(math.nan, index=runs.index)
+    for column in (PLANNED_STEPS, MAX_STEPS):
+        if column in runs:
+            planned = planned.fillna(pd.to_numeric(runs[column], errors="coerce"))
+    return planned
 
 
 def _unfinished_status(runs: pd.DataFrame, current_run_id: str | None) -> pd.Series | None:

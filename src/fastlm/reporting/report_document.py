@@ -546,7 +546,8 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
             text="Training runs of this MLflow experiment (◀: the run of this report); only "
             "parameters whose values differ among the runs that have them. final_train_loss is each "
             "run's last step's (label-smoothed where label_smoothing is above 0), final_val_loss its model's "
-            "step's (model_step, early stopping's best, where it is not last_step); validation and test "
+            "step's (model_step, early stopping's best, where it is not last_step); last_step where a run "
+            "stopped before its planned steps (train.max_minutes, early stopping); validation and test "
             "losses are plain." + (" " + data_note(runs) if data_note(runs) else ""),
             table=runs.fillna({"this run": ""}) if "this run" in runs else runs,
         ),
