@@ -674,6 +674,31 @@ def test_the_not_judged_message_names_every_warm_up_step_left_out():
     assert "3 timed steps after the warm-up step (" in message, message
 
 
+def test_the_not_judged_message_asks_for_what_the_run_lacked_not_a_max_steps_it_had():
+    """ "(a run of train.max_steps >= 6 is judged)" was said of every run too short to judge: of a run of
+    train.max_steps 300 stopped by its time budget at step 4, and of a run of 6 steps resumed at step 3 (2
+    warm-up steps left out: 4 timed), both of which had that train.max_steps. Each now names what stopped it
+    or how far to go on; a fresh run's message is as before."""
+    budget = cpu(stopped_by="time budget", planned_steps=300, steps=4)
+    message = by_kind(diagnose(budget, make_history(3, step=[1, 2, 4])))[COMPUTE_BOUND].message
+    assert (
+        "train.max_steps >=" not in message
+        and "train.max_minutes stopped this run at step 4 of 300" in message
+    )
+    assert "raise train.max_minutes" in message, message
+    early = cpu(stopped_by="early stopping", planned_steps=16, steps=4)
+    message = by_kind(diagnose(early, make_history(3, step=[1, 2, 4])))[COMPUTE_BOUND].message
+    assert "early stopping ended this run at step 4 of 16" in message and "train.max_steps >=" not in message
+    resumed = make_history(5, step=[1, 2, 3, 4, 6], warmup=[1, 0, 0, 1, 0])
+    message = by_kind(diagnose(cpu(steps=6, planned_steps=6), resumed))[COMPUTE_BOUND].message
+    assert (
+        f"train.max_steps >= 7 going on with this run (train.resume: auto), or >= {MIN_TIMED_STEPS + 1} "
+        "in one process" in message
+    ), message
+    fresh = by_kind(diagnose(cpu(), make_history(4, step=[1, 2, 3, 4])))[COMPUTE_BOUND].message
+    assert fresh.endswith(f"(a run of train.max_steps >= {MIN_TIMED_STEPS + 1} is judged)"), fresh
+
+
 def test_compile_bound_judges_from_all_the_compile_seconds_recompiles_included():
     """The summary's ``compile_s`` counts every compile (a recompile after the first step included, left out
     of the step times); the finding judges from it and says so. Was: from ``first_step_s`` alone, a 22 s

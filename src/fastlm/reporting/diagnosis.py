@@ -580,11 +580,12 @@ def _speed(summary: dict, history: pd.DataFrame) -> float:
 
 
 class _Timed(NamedTuple):
-    """The optimizer steps the rate covers (``count``) and the warm-up steps left out (``warmups``: the first
-    step, and each resumed process's first)."""
+    """The optimizer steps the rate covers (``count``), the warm-up steps left out (``warmups``: the first
+    step, and each resumed process's first) and what run would be judged (``judged``: :func:`_judged_run`)."""
 
     count: int
     warmups: int
+    judged: str = f"a run of train.max_steps >= {MIN_TIMED_STEPS + 1} is judged"
 
 
 def _timed_steps(summary: dict, history: pd.DataFrame) -> _Timed:
@@ -597,7 +598,10 @@ def _timed_steps(summary: dict, history: pd.DataFrame) -> _Timed:
         records = [{"step": step, "warmup": mark} for step, mark in zip(steps, marks, strict=True)]
         windows = timed_windows(records)
         spans = (steps[index] - steps[index - 1] for index in windows)
-        return _Timed(sum(max(int(span), 1) for span in spans if span == span), len(records) - len(windows))
+        count, warmups = sum(max(int(span), 1) for span in spans if span == span), len(records) - len(windows)
+        return _Timed(
+            count, warmups, _judged_run(summary, count, warmups, last=float(pd.Series(steps).max()))
+        )
     if _known(summary.get("steps_trained")) and float(summary["steps_trained"]) >= 1:
         return _Timed(int(summary["steps_trained"]) - 1, 1)
     return _Timed(0, 1)
@@ -608,6 +612,32 @@ def _warmup_marks(history: pd.DataFrame) -> list:
     return numeric(history, "warmup").tolist() if "warmup" in history else [None] * len(history)
 
 
+def _judged_run(summary: dict, count: int, warmups: int, *, last: float) -> str:
+    """What run the rules from step timing would judge, for one with ``count`` timed steps, ``warmups`` left
+    out and ``last`` its last step: a fresh run of train.max_steps >= MIN_TIMED_STEPS + 1, unless this one
+    had that many planned and was stopped before (``stopped_by``: its time budget, early stopping), or
+    resumed (each process's first step left out: more steps going on with it)."""
+    fresh = f"a run of train.max_steps >= {MIN_TIMED_STEPS + 1} is judged"
+    steps, planned = summary.get("steps"), summary.get("planned_steps")
+    at = f"at step {steps if _known(steps) else int(last)}{f' of {planned}' if _known(planned) else ''}"
+    longer = f"a run of {MIN_TIMED_STEPS + 1} steps or more is judged"
+    stopped = summary.get("stopped_by")
+    if stopped == "time budget":
+        return f"train.max_minutes stopped this run {at}: raise train.max_minutes; {longer}"
+    if stopped == "early stopping":
+        return (
+            f"early stopping ended this run {at}, train.early_stopping.patience validations without "
+            f"improvement; {longer}"
+        )
+    if warmups > 1 and last == last:
+        going_on = int(last) + MIN_TIMED_STEPS - count
+        return (
+            f"judged from {MIN_TIMED_STEPS} timed steps: train.max_steps >= {going_on} going on with this "
+            f"run (train.resume: auto), or >= {MIN_TIMED_STEPS + 1} in one process"
+        )
+    return fresh
+
+
 def _too_few(steps: _Timed) -> str:
     """The message of a rule or figure not judged from ``steps`` timed steps (fewer than MIN_TIMED_STEPS)."""
     timed = f"{steps.count} timed step{'' if steps.count == 1 else 's'}"
@@ -616,7 +646,7 @@ def _too_few(steps: _Timed) -> str:
         if steps.warmups <= 1
         else f"{timed}, the {steps.warmups} warm-up steps (each process's first) left out"
     )
-    return f"{NOT_JUDGED}: {left_out} (a run of train.max_steps >= {MIN_TIMED_STEPS + 1} is judged)"
+    return f"{NOT_JUDGED}: {left_out} ({steps.judged})"
 
 
 def _steady(finding: Finding, steps: _Timed) -> Finding:
