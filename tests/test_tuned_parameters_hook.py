@@ -334,6 +334,29 @@ def test_an_accumulation_the_tune_did_not_choose_is_the_runs_own(tmp_path, monke
     assert not any("not applied" in line for line in lines), lines
 
 
+@pytest.mark.parametrize(("nproc", "micro", "steps"), [(1, 2, 16), (1, 8, 4), (2, 2, 8)])
+def test_a_micro_batch_given_over_the_tuned_one_keeps_the_tuned_target(
+    tmp_path, monkeypatch, nproc, micro, steps
+):
+    """A tune for target 32 chose micro-batch 4 (4 samples) x accumulation 8; a train run given another
+    micro-batch (``--params train.batching.micro_batch_size=2``, as after an out-of-memory) takes the
+    accumulation that keeps the target for it (and its processes), said in the line applying the file.
+    (The accumulation chosen for micro-batch 4 was kept: micro-batch 2 trained steps of half the target,
+    said nowhere.)"""
+    from fastlm.pipelines.tune.record import accumulation_record
+
+    lines = _lines(monkeypatch)
+    change = {"batching": {"micro_batch_size": micro}}
+    batching = _tuned_on_processes(
+        tmp_path, monkeypatch, nproc, accumulation_record(1, 32, 4.0), change=change
+    )
+    assert (batching["micro_batch_size"], batching["gradient_accumulation_steps"]) == (micro, steps)
+    said = [line for line in lines if "is in effect" in line]
+    assert len(said) == 1 and f"overrides it: micro_batch_size={micro}" in said[0], lines
+    assert f"-> {steps} for micro-batch {micro}" in said[0] and "target 32" in said[0], said
+    assert not any("not applied" in line for line in lines), lines
+
+
 def test_a_target_more_processes_cannot_keep_is_warned_in_one_line(tmp_path, monkeypatch):
     """Target 8 of micro-batches of 4 samples on 4 processes: one micro-batch per process already holds 16;
     the accumulation is 1 and one warning says the target cannot be kept."""

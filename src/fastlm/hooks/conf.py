@@ -586,9 +586,10 @@ def _valid_with(where: str, train: dict, untuned: dict) -> None:
 
 def _for_processes(where: str, tuned: dict, tuned_batching: dict, catalog, untuned: dict) -> str | None:
     """The tuned accumulation for the processes this run's step spans (``engine.config.train_processes``):
-    where the file's is for another count (``tune_accumulation``) and the run trains with the file's
-    micro-batch and accumulation, ``params:train`` gets the accumulation that keeps the tuned target, and the
-    sentence saying so is returned (empty: nothing to change); where the target cannot be kept, one warning.
+    where the file's is for another count (``tune_accumulation``), or the run trains another micro-batch
+    (``--params``, a later file) with the file's accumulation, ``params:train`` gets the accumulation that
+    keeps the tuned target, and the sentence saying so is returned (empty: nothing to change); where the
+    target cannot be kept, one warning. An accumulation given over the file's is the run's own.
     An accumulation the tune did not choose (``tune.target_effective_batch`` null: it copied the conf's) is
     the run's own without the file (``untuned``: conf/base's as it is now), said where the two differ.
     None: not applied (warned): a file that does not record its process count, on more than one process."""
@@ -598,21 +599,23 @@ def _for_processes(where: str, tuned: dict, tuned_batching: dict, catalog, untun
     raw = catalog.load("params:train")
     params = GROUPS["train"].parse(raw)
     batching = params.batching
-    keys = ("micro_batch_size", "gradient_accumulation_steps")
-    if "gradient_accumulation_steps" not in tuned_batching or any(
-        key in tuned_batching and tuned_batching[key] != getattr(batching, key) for key in keys
-    ):
+    accumulation = tuned_batching.get("gradient_accumulation_steps")
+    if accumulation is None or accumulation != batching.gradient_accumulation_steps:
         return ""  # no tuned accumulation, or --params / a later file sets it: the run's own
     recorded = tuned.get(ACCUMULATION_KEY)
     if isinstance(recorded, dict) and "target_effective_batch" in recorded:
         if recorded["target_effective_batch"] is None:  # copied from the conf: the conf's now applies
             return _own_accumulation(raw, batching.gradient_accumulation_steps, untuned, catalog)
+    measured = tuned_batching.get("micro_batch_size")
+    if measured is not None and measured != batching.micro_batch_size and not isinstance(recorded, dict):
+        return ""  # a micro-batch given over a file that does not record its target: as it is given
     processes = train_processes(params.distributed.nproc_per_node)
     steps, said, kept = accumulation_for_processes(
         tuned.get(ACCUMULATION_KEY),
         accumulation=batching.gradient_accumulation_steps,
         micro_batch_size=batching.micro_batch_size,
         processes=processes,
+        tuned_micro_batch_size=measured,
     )
     if said is None and not kept:
         log.warning(
@@ -631,7 +634,7 @@ def _for_processes(where: str, tuned: dict, tuned_batching: dict, catalog, untun
         {**raw, "batching": {**(raw.get("batching") or {}), "gradient_accumulation_steps": steps}},
     )
     if not kept:
-        log.warning("%s: the tuned target cannot be kept on this many processes: %s", where, said)
+        log.warning("%s: the tuned target cannot be kept: %s", where, said)
         return ""
     return said
 
