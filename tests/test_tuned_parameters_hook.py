@@ -271,17 +271,23 @@ def _project_and_record(tmp_path, monkeypatch) -> tuple:
     return project, measured_on(train, max_length=split.max_length, data=None, device=device)
 
 
-def _tuned_on_processes(tmp_path, monkeypatch, nproc: int, accumulation_record, change: dict | None = None):
-    """A current tuned file (micro-batch 4, accumulation 8, measured on this conf) with
-    ``accumulation_record`` (its ``tune_accumulation``; None: none), and a train run's ``params:train`` on
-    ``nproc`` processes, with the settings of ``change`` (``{group: {key: value}}``) over the conf's."""
+def _tuned_on_processes(
+    tmp_path,
+    monkeypatch,
+    nproc: int,
+    accumulation_record,
+    change: dict | None = None,
+    mode: str | None = None,
+):
+    """A current tuned file (micro-batch 4, accumulation 8, the batching ``mode`` where given, measured on
+    this conf) with ``accumulation_record`` (its ``tune_accumulation``; None: none), and a train run's
+    ``params:train`` on ``nproc`` processes, with the settings of ``change`` (``{group: {key: value}}``) over
+    the conf's."""
     from fastlm.pipelines.tune.record import ACCUMULATION_KEY, RECORD_KEY
 
     project, record = _project_and_record(tmp_path, monkeypatch)
-    tuned = {
-        "train": {"batching": {"micro_batch_size": 4, "gradient_accumulation_steps": 8}},
-        RECORD_KEY: record,
-    }
+    batching = {"micro_batch_size": 4, "gradient_accumulation_steps": 8, **({"mode": mode} if mode else {})}
+    tuned = {"train": {"batching": batching}, RECORD_KEY: record}
     if accumulation_record is not None:
         tuned[ACCUMULATION_KEY] = accumulation_record
     (project / TUNED).write_text(yaml.safe_dump(tuned))
@@ -355,6 +361,36 @@ def test_a_micro_batch_given_over_the_tuned_one_keeps_the_tuned_target(
     assert len(said) == 1 and f"overrides it: micro_batch_size={micro}" in said[0], lines
     assert f"-> {steps} for micro-batch {micro}" in said[0] and "target 32" in said[0], said
     assert not any("not applied" in line for line in lines), lines
+
+
+def test_a_batching_mode_given_over_the_tuned_one_keeps_the_target_or_says_it_cannot(tmp_path, monkeypatch):
+    """A tune for target 64 chose packed micro-batches of 4 rows holding 16 samples; a train run given
+    ``--params train.batching.mode=length_grouped`` (one sample a row) takes the accumulation that holds the
+    target at 4 samples a micro-batch, said in the line applying the file. Given ``dynamic`` (micro-batches
+    of a token budget, their samples unknown before the run), one warning names the accumulation to set.
+    (The accumulation chosen for packed rows was kept: a length-grouped step held a quarter of the target,
+    said nowhere.)"""
+    from fastlm.pipelines.tune.record import accumulation_record
+
+    lines = _lines(monkeypatch)
+    change = {"batching": {"mode": "length_grouped"}}
+    batching = _tuned_on_processes(
+        tmp_path / "grouped", monkeypatch, 1, accumulation_record(1, 64, 16.0), change=change, mode="packed"
+    )
+    assert (batching["mode"], batching["gradient_accumulation_steps"]) == ("length_grouped", 16)
+    said = [line for line in lines if "is in effect" in line]
+    assert len(said) == 1 and "-> 16 for length_grouped micro-batch 4" in said[0], lines
+    assert "target 64" in said[0] and "overrides it: mode=length_grouped" in said[0], said
+    lines.clear()
+    change = {"batching": {"mode": "dynamic"}}
+    batching = _tuned_on_processes(
+        tmp_path / "dynamic", monkeypatch, 1, accumulation_record(1, 64, 16.0), change=change, mode="packed"
+    )
+    assert (batching["mode"], batching["gradient_accumulation_steps"]) == ("dynamic", 8)
+    warned = [line for line in lines if "is in effect" not in line]
+    assert len(warned) == 1 and "not applied" not in warned[0], lines
+    assert "train.batching.gradient_accumulation_steps" in warned[0] and "dynamic" in warned[0], warned
+    assert "tune.modes" in warned[0], warned
 
 
 def test_a_target_more_processes_cannot_keep_is_warned_in_one_line(tmp_path, monkeypatch):

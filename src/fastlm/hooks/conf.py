@@ -606,9 +606,28 @@ def _for_processes(where: str, tuned: dict, tuned_batching: dict, catalog, untun
     if isinstance(recorded, dict) and "target_effective_batch" in recorded:
         if recorded["target_effective_batch"] is None:  # copied from the conf: the conf's now applies
             return _own_accumulation(raw, batching.gradient_accumulation_steps, untuned, catalog)
-    measured = tuned_batching.get("micro_batch_size")
-    if measured is not None and measured != batching.micro_batch_size and not isinstance(recorded, dict):
-        return ""  # a micro-batch given over a file that does not record its target: as it is given
+    measured, tuned_mode = tuned_batching.get("micro_batch_size"), tuned_batching.get("mode")
+    given = (measured is not None and measured != batching.micro_batch_size) or (
+        tuned_mode is not None and tuned_mode != batching.mode
+    )
+    if given and not isinstance(recorded, dict):
+        return ""  # a micro-batch or mode given over a file that does not record its target: as it is given
+    modes = (tuned_mode, batching.mode) if tuned_mode is not None and tuned_mode != batching.mode else None
+    target = recorded.get("target_effective_batch") if isinstance(recorded, dict) else None
+    if modes and target is not None and batching.mode != "length_grouped":
+        log.warning(
+            "%s: its gradient_accumulation_steps %d was chosen for %s micro-batches to hold "
+            "tune.target_effective_batch %s samples a step; a %s micro-batch holds another number of "
+            "samples, so this run's steps do not hold that target: give "
+            "train.batching.gradient_accumulation_steps with --params, or tune with tune.modes: [%s]",
+            where,
+            batching.gradient_accumulation_steps,
+            tuned_mode,
+            target,
+            batching.mode,
+            batching.mode,
+        )
+        return ""
     processes = train_processes(params.distributed.nproc_per_node)
     steps, said, kept = accumulation_for_processes(
         tuned.get(ACCUMULATION_KEY),
@@ -616,6 +635,7 @@ def _for_processes(where: str, tuned: dict, tuned_batching: dict, catalog, untun
         micro_batch_size=batching.micro_batch_size,
         processes=processes,
         tuned_micro_batch_size=measured,
+        modes=modes,
     )
     if said is None and not kept:
         log.warning(

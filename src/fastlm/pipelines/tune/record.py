@@ -457,33 +457,41 @@ def accumulation_for_processes(
     micro_batch_size: int,
     processes: int,
     tuned_micro_batch_size: int | None = None,
+    modes: tuple[str, str] | None = None,
 ) -> tuple[int, str | None, bool]:
     """(accumulation, sentence, kept) for a train run on ``processes`` of a tuned file whose accumulation
     ``recorded`` (its ``tune_accumulation``) is for another count, or with a ``micro_batch_size`` given over
-    the file's (``tuned_micro_batch_size``, the size measured: ``--params``, a later file): the accumulation
-    that keeps the target (rounded up, at least 1: ``ceil(target / (samples per micro-batch x processes))``,
-    a micro-batch's samples scaled from the measured size's), a sentence saying so, and whether the target is
-    kept (False: one micro-batch per process already holds more). The same accumulation and no sentence on
-    the recorded count and size, or for a file without a target (the conf's accumulation, not chosen for
-    it). ``recorded`` None (a file written before the record): for one process, target unknown: None
-    sentence and kept False where ``processes`` is another count."""
+    the file's (``tuned_micro_batch_size``, the size measured: ``--params``, a later file), or a batching
+    mode given over the file's (``modes``: the tuned one, the run's ``length_grouped``, one sample a row):
+    the accumulation that keeps the target (rounded up, at least 1: ``ceil(target / (samples per
+    micro-batch x processes))``, a micro-batch's samples scaled from the measured size's), a sentence saying
+    so, and whether the target is kept (False: one micro-batch per process already holds more). The same
+    accumulation and no sentence on the recorded count, size and mode, or for a file without a target (the
+    conf's accumulation, not chosen for it). ``recorded`` None (a file written before the record): for one
+    process, target unknown: None sentence and kept False where ``processes`` is another count."""
     if not isinstance(recorded, Mapping):
         return accumulation, None, processes == 1
     tuned_for = int(recorded.get("processes") or 1)
     target = recorded.get("target_effective_batch")
     measured = tuned_micro_batch_size or micro_batch_size
-    if (tuned_for == processes and measured == micro_batch_size) or target is None:
+    if (tuned_for == processes and measured == micro_batch_size and not modes) or target is None:
         return accumulation, None, True
-    per_micro_batch = float(recorded.get("samples_per_micro_batch") or measured) * micro_batch_size / measured
+    if modes:  # a length-grouped micro-batch holds one sample a row
+        per_micro_batch = float(micro_batch_size)
+    else:
+        per_micro_batch = (
+            float(recorded.get("samples_per_micro_batch") or measured) * micro_batch_size / measured
+        )
     exact = target / (per_micro_batch * processes)
     steps = max(1, math.ceil(exact))
     holds = per_micro_batch * steps * processes
-    if measured == micro_batch_size:
+    tuned_mode, mode = (f"{modes[0]} ", f"{modes[1]} ") if modes else ("", "")
+    if measured == micro_batch_size and not modes:
         change = f"(tuned for {tuned_for} process(es)) -> {steps} for {processes} process(es)"
     else:
         change = (
-            f"(tuned for micro-batch {measured} on {tuned_for} process(es)) -> {steps} for micro-batch "
-            f"{micro_batch_size} on {processes} process(es)"
+            f"(tuned for {tuned_mode}micro-batch {measured} on {tuned_for} process(es)) -> {steps} for "
+            f"{mode}micro-batch {micro_batch_size} on {processes} process(es)"
         )
     said = (
         f"gradient_accumulation_steps {accumulation} {change}: micro-batch {micro_batch_size} x {steps} x "
