@@ -96,6 +96,37 @@ def test_a_resumed_training_says_in_its_run_which_checkpoint_and_step_it_went_on
     assert fresh.summary["resumed_from"] is None
 
 
+def test_a_training_whose_settings_a_tuned_file_set_names_that_file_in_its_run(
+    active_run, tmp_path, monkeypatch
+):
+    """A train run applying conf/local/parameters_tuned.yml (written by `kedro run --pipeline=tune`) logs
+    its micro-batch and accumulation as any other run; its MLflow run now names the file and the settings it
+    set (``tuned_parameters``), so two runs of one command before and after a tune show why they differ. A
+    run applying none (no file, or one set aside) has no such parameter."""
+    from fastlm.pipelines.tune.record import TunedInEffect, set_in_effect
+    from fastlm.tracking import RunTracker
+    from tests.support.toy_training import run_toy, toy_params
+
+    result = run_toy(toy_params(tmp_path, max_steps=1, log_every=1, eval_every=None))
+    summary = {**result.summary, "runtime": result.runtime.describe()}
+    monkeypatch.chdir(tmp_path)
+    leaves = (("batching", "micro_batch_size"), ("batching", "gradient_accumulation_steps"))
+    where = str(tmp_path / "conf/local/parameters_tuned.yml")
+    set_in_effect(TunedInEffect(where, leaves, {}, lambda train: None))
+    try:
+        RunTracker().training_finished(summary)
+    finally:
+        set_in_effect(None)
+    logged = mlflow.MlflowClient().get_run(active_run.info.run_id).data.params
+    assert logged["tuned_parameters"] == (
+        "conf/local/parameters_tuned.yml: train.batching.micro_batch_size, "
+        "train.batching.gradient_accumulation_steps"
+    ), logged
+    with mlflow.start_run(nested=True) as untuned:
+        RunTracker().training_finished(summary)
+    assert "tuned_parameters" not in mlflow.MlflowClient().get_run(untuned.info.run_id).data.params
+
+
 def test_the_training_wall_time_and_data_fingerprint_reach_the_run(active_run, tmp_path):
     """The run comparison's wall time is the training's (the summary's, counting a resumed run's earlier
     processes), not the MLflow run's span (split, train and report of one ``kedro run``); and runs on other

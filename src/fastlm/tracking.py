@@ -645,6 +645,22 @@ class MlflowMetrics(SafeMlflow):
         self.call(f"artifact logging of {path}", log)
 
 
+def tuned_parameters_text() -> str | None:
+    """The tuned file this process's run applies (``tune.record.in_effect``) and the train settings it sets,
+    as the run's ``tuned_parameters``: ``conf/local/parameters_tuned.yml: train.batching.micro_batch_size,
+    ...``; None where it applies none."""
+    from fastlm.pipelines.tune.record import in_effect  # no torch: the tune record module alone
+
+    tuned = in_effect()
+    if tuned is None:
+        return None
+    where = Path(tuned.where)
+    if where.is_absolute() and where.is_relative_to(Path.cwd()):
+        where = where.relative_to(Path.cwd())
+    settings = ", ".join("train." + ".".join(path) for path in tuned.leaves)
+    return f"{where.as_posix()}: {settings}" if settings else where.as_posix()
+
+
 class RunTracker:
     """The tracking a node is handed (catalog entry ``run_tracker``, filled by ``fastlm.hooks.RunTrackerHook``
     for each run): nodes pass its callbacks to the engine and report what they produced to it, and make no
@@ -686,10 +702,13 @@ class RunTracker:
         reached and where), its data (the tokenized data's fingerprint, 12 digits: runs on other data show
         it; its test split's, ``data.test``) and the checkpoint and step a resumed run went on from as
         parameters, and its real tokens/s and training wall time (the run comparison's), its compiles,
-        compile and validation seconds as metrics."""
+        compile and validation seconds as metrics. A run applying the tune pipeline's tuned file names it
+        and the settings it set (``tuned_parameters``): its micro-batch and accumulation are logged as any
+        run's, and the same command before and after a tune otherwise shows no reason they differ."""
         fingerprint, test = summary.get("fingerprint"), summary.get("test_data")
         self.metrics.log_params(
             {
+                "tuned_parameters": tuned_parameters_text(),
                 **{f"runtime.{key}": value for key, value in summary["runtime"].items()},
                 **{key: summary.get(key) for key in SUMMARY_PARAMS},
                 "data.fingerprint": str(fingerprint)[:12] if fingerprint else None,
