@@ -1109,6 +1109,21 @@ def test_yaml_syntax_error_names_file_and_line(project):
     assert "conf/local/parameters_typo.yml line 4" in message and "invalid YAML" in message
 
 
+def test_a_tuned_file_cut_short_says_to_delete_it_and_tune_again(project):
+    """conf/local/parameters_tuned.yml cut part way (a copy or a sync stopped, an edit saved half done: the
+    tune itself replaces it whole) stops every run, the tune that would write it again included: the line
+    names the file and says it is the tune's, to delete and tune again, besides correcting the YAML. (It
+    said only to correct the indentation, a ':' or a quote in a file no user wrote.)"""
+    message = _conf_file_refusal(
+        project,
+        "parameters_tuned.yml",
+        "train:\n  batching:\n    micro_batch_size: 4\ntune_measured_on:\n  device: cpu (24\n  split.max_len",
+    )
+    assert "conf/local/parameters_tuned.yml line" in message and "invalid YAML" in message, message
+    fix = message[message.index("Fix:") :]
+    assert "delete conf/local/parameters_tuned.yml" in fix and "kedro run --pipeline=tune" in fix, message
+
+
 def test_a_key_written_twice_in_a_conf_file_names_the_file_line_and_key(project):
     """Kedro's loader (OmegaConf's) refuses a key a conf file's mapping writes twice, but its error names no
     file (``<file>``) and the one line said to fix the indentation or a quote: it names the file, the line and

@@ -616,11 +616,19 @@ def config_file_error(exc: Exception) -> FastlmError | None:
                     "loader reads no file that does.",
                     fix=f"keep one of the two {key} keys in {file} (merge their values into it).",
                 )
+            fix = "correct the YAML there (indentation, a missing ':', or an unclosed bracket or quote)"
+            if Path(str(file)).name == TUNED_FILE_NAME:  # the tune's (replaced whole): cut short or edited
+                fix = (
+                    f"delete {file} and run `kedro run --pipeline=tune` again (it writes that file), or {fix}"
+                )
             return ConfigError(
                 f"{file} line {mark.line + 1}, column {mark.column + 1}: invalid YAML ({problem}).",
-                fix="correct the YAML there (indentation, a missing ':', or an unclosed bracket or quote).",
+                fix=f"{fix}.",
             )
     return None
+
+
+TUNED_FILE_NAME = "parameters_tuned.yml"  # what `kedro run --pipeline=tune` writes (conf/base/catalog.yml)
 
 
 def _conf_file_read(error: BaseException) -> str | None:
