@@ -370,6 +370,54 @@ def test_kept_chunks_dropped_for_a_changed_job_are_said_with_what_changed(tmp_pa
     assert run(beams, identity="other weights") == []  # the same job: its chunks reused, nothing said
 
 
+def test_an_interrupted_run_keeps_its_rows_while_a_run_on_another_input_predicts(tmp_path, monkeypatch):
+    """A long run stopped part way, then a quick run on another file (a check of a few rows) with resume on:
+    the stopped run's finished chunks stay, so its command run again resumes them. Was: dropped by the
+    other run ("... are generated again", said at INFO), the stopped run's generation lost. A finished job's
+    chunks, and a stopped one's where the same input runs with other settings, are dropped as before; at
+    most ``KEPT_OTHER_JOBS`` stopped jobs of other inputs are kept, the newest."""
+    from fastlm.reporting import predictions
+
+    model, tokenizer = line_end_llama()
+    parts, real, calls = PredictionParts(tmp_path), predictions.generate_continuations, []
+    job = PredictionJob(decoding={}, max_new_tokens=4, batch_size=1)
+    first_chunk = job.batch_size * predictions.CHUNK_BATCHES
+
+    def resumed(rows, job=job):
+        _, summary = predict_rows(
+            model, tokenizer, rows, job, runtime=_cpu("fp32"), parts=parts, model_identity="m"
+        )
+        return summary["resumed_rows"]
+
+    def stopped(rows, job=job):
+        def at_the_second_chunk(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        calls.clear()
+        monkeypatch.setattr(predictions, "generate_continuations", at_the_second_chunk)
+        with pytest.raises(KeyboardInterrupt):
+            resumed(rows, job)
+        monkeypatch.setattr(predictions, "generate_continuations", real)
+
+    long_rows, quick = text_rows(list("abcdef"), tokenizer), text_rows(["b", "c"], tokenizer)
+    stopped(long_rows)
+    assert resumed(quick) == 0
+    assert resumed(long_rows) == first_chunk  # resumed where it stopped, then finished
+    assert resumed(quick) == 0 and resumed(long_rows) == 0  # a finished job's chunks are dropped
+    assert resumed(quick) == 0
+    stopped(long_rows)
+    longer = PredictionJob(decoding={}, max_new_tokens=5, batch_size=1)
+    assert resumed(long_rows, longer) == 0 and resumed(long_rows) == 0  # the same input: dropped
+    others = [text_rows(["b"] * rows, tokenizer) for rows in (6, 7, 8, 9)]  # four other inputs
+    for rows in others:
+        stopped(rows)
+    assert len(list(tmp_path.glob("*.jsonl"))) == predictions.KEPT_OTHER_JOBS + 1
+    assert resumed(others[-2]) == first_chunk
+
+
 def test_the_summary_records_the_models_forced_and_banned_tokens_beside_the_decoding(tmp_path):
     """A model folder's token rules kept at generation (``generation.KEPT_FROM_MODEL``: a banned token, a
     suppressed one) are recorded in the summary's decoding settings, as the model's generation_config holds

@@ -75,6 +75,9 @@ STOP, LENGTH = "stop", "length"
 CHUNK_BATCHES = 4  # batches per chunk: the unit of progress, of the log line and of what a resumed run keeps
 PROGRESS_EVERY_S = 30.0  # the progress line: the first chunk's, then at most one this often, and the last's
 LISTED_REFUSALS = 20  # refused rows named one by one in the summary (all are counted)
+# stopped jobs of other inputs whose finished chunks stay beside the job running (the newest): a quick run on
+# another file meanwhile keeps a long stopped run's work for its command run again
+KEPT_OTHER_JOBS = 2
 
 
 @dataclass(frozen=True)
@@ -141,8 +144,9 @@ def check_prediction_pair(predictions_csv: str | Path, summary_json: str | Path)
 class PredictionParts:
     """The finished chunks of one job, one JSON line each in ``<folder>/<job key>.jsonl``, flushed and fsynced
     as they finish, the job's settings beside them (``<job key>.job.json``). A line cut off by a kill is
-    dropped on reading; other jobs' files are removed (one job kept), said in one line naming what changed
-    where they held rows."""
+    dropped on reading; other jobs' files are removed, said in one line naming what changed where they held
+    rows, but for those of up to ``KEPT_OTHER_JOBS`` runs stopped part way on another input (the newest),
+    kept for their command run again, said in one line."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
@@ -158,11 +162,15 @@ class PredictionParts:
         ``job``: ``{"settings": {name: value}, "rows": rows to generate}``, written beside the chunks and
         compared with the settings of another job whose kept chunks are dropped."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        stopped = self._stopped_on_other_inputs(key, job)
         for other in self.folder.glob("*.jsonl"):
-            if other.name != self._file(key).name:
+            if other.name != self._file(key).name and other.name not in stopped:
                 self._drop(other, job)
         for other in self.folder.glob("*.job.json"):
-            if other.name != self._job_file(key).name:
+            if (
+                other.name != self._job_file(key).name
+                and other.name.replace(".job.json", ".jsonl") not in stopped
+            ):
                 other.unlink()
         for target in _leftover_targets(self.folder):  # what killed runs of any job left
             remove_leftovers(target)
@@ -180,20 +188,47 @@ class PredictionParts:
             write_file_atomically(path, lambda handle: handle.write("".join(good)))
         return done
 
+    def _stopped_on_other_inputs(self, key: str, job: dict | None) -> set[str]:
+        """The files (names) of the newest ``KEPT_OTHER_JOBS`` other jobs stopped part way (fewer rows kept
+        than they generate, some) on another input than ``job``'s (its rows' ids): of no use to this run,
+        which leaves them to their own command run again, said in one line."""
+        if job is None:
+            return set()
+        found = []
+        for other in self.folder.glob("*.jsonl"):
+            if other.name == self._file(key).name:
+                continue
+            recorded, kept = self._recorded(other), _kept_rows(other)
+            settings = recorded.get("settings") if isinstance(recorded, dict) else None
+            rows = recorded.get("rows") if isinstance(recorded, dict) else None
+            if not isinstance(settings, dict) or not isinstance(rows, int) or not 0 < kept < rows:
+                continue
+            if settings.get(_NAMED_ONLY[1]) != job["settings"].get(_NAMED_ONLY[1]):
+                found.append((other.stat().st_mtime_ns, other.name, kept, rows))
+        found.sort(reverse=True)
+        for _, _, kept, rows in found[:KEPT_OTHER_JOBS]:
+            log.info(
+                "predict: the %d of %d rows a stopped run on another input generated stay in %s: its "
+                "command run again resumes them",
+                kept,
+                rows,
+                self.folder,
+            )
+        return {name for _, name, _, _ in found[:KEPT_OTHER_JOBS]}
+
+    def _recorded(self, chunks: Path):
+        """The settings file written beside the chunks file ``chunks`` (None: none, or unreadable)."""
+        try:
+            return strict_json.loads(
+                (self.folder / chunks.name.replace(".jsonl", ".job.json")).read_text(encoding="utf-8")
+            )
+        except (OSError, ValueError):
+            return None
+
     def _drop(self, other: Path, job: dict | None) -> None:
         """Remove another job's kept chunks, said in one line (what changed, how many rows) where they held
         rows and this run says its own job."""
-        kept = 0
-        for line in other.read_text(encoding="utf-8").splitlines(keepends=True):
-            record = _kept_line(line)
-            if record is None:
-                break
-            kept += len(record["continuations"])
-        earlier = self.folder / other.name.replace(".jsonl", ".job.json")
-        try:
-            recorded = strict_json.loads(earlier.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            recorded = None
+        kept, recorded = _kept_rows(other), self._recorded(other)
         other.unlink()
         if job is None or not kept:
             return
@@ -212,6 +247,17 @@ class PredictionParts:
             handle.write(json.dumps({"chunk": chunk, "continuations": continuations}) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def _kept_rows(chunks: Path) -> int:
+    """The rows of the finished chunks in the file ``chunks`` (up to a line cut off by a kill)."""
+    kept = 0
+    for line in chunks.read_text(encoding="utf-8").splitlines(keepends=True):
+        record = _kept_line(line)
+        if record is None:
+            break
+        kept += len(record["continuations"])
+    return kept
 
 
 def _leftover_targets(folder: Path) -> set[Path]:
