@@ -40,3 +40,28 @@ def test_quiet_shows_nothing(caplog):
     with caplog.at_level(logging.INFO):
         Progress(100, quiet=True).show(RECORD)
     assert not caplog.records
+
+
+def test_a_label_smoothed_runs_step_lines_name_their_loss_so_beside_the_plain_validation_loss(
+    tmp_path, caplog
+):
+    """train.loss.label_smoothing: the step lines' loss is the smoothed one the run optimises (higher than the
+    plain cross-entropy), logged between the validation lines' plain losses: each says which it is."""
+    from tests.support.toy_training import run_toy, toy_params
+
+    params = toy_params(
+        tmp_path, max_steps=10, log_every=5, eval_every=5, quiet=False, loss={"label_smoothing": 0.1}
+    )
+    with caplog.at_level(logging.INFO, logger="fastlm"):
+        run_toy(params)
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("step ")]
+    steps = [line for line in lines if "tok/s" in line]
+    assert [line.split(":")[0] for line in steps] == ["step 1", "step 5", "step 10"]
+    assert all(line.split(":")[1].startswith(" train loss (label-smoothed 0.1) ") for line in steps), steps
+    assert any(line.startswith("step 5: validation loss ") for line in lines)  # the plain one, unchanged
+
+
+def test_a_plain_runs_step_line_is_unchanged(caplog):
+    with caplog.at_level(logging.INFO, logger="fastlm.engine.observe.progress"):
+        Progress(100, label_smoothing=0.0).show(RECORD)
+    assert caplog.records[0].getMessage().startswith("step 40: loss 1.2346  12,346 tok/s")

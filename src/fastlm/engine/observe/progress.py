@@ -14,10 +14,14 @@ BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]
 
 class Progress:
     """A summary log line at every logging step; on an interactive terminal also a tqdm bar; nothing but
-    warnings when ``quiet``."""
+    warnings when ``quiet``. ``label_smoothing`` (``train.loss.label_smoothing``): the line's loss is the
+    smoothed one the run optimises, higher than the plain cross-entropy of the validation lines logged between
+    them, and named so: ``train loss (label-smoothed 0.1) 3.8969`` (``reporting.summaries.train_loss_name``'s
+    words); a run without it keeps ``loss 3.8969``."""
 
-    def __init__(self, total: int, *, initial: int = 0, quiet: bool = False):
+    def __init__(self, total: int, *, initial: int = 0, quiet: bool = False, label_smoothing: float = 0.0):
         self.quiet = quiet
+        self.loss_name = f"train loss (label-smoothed {label_smoothing:g})" if label_smoothing else "loss"
         self.bar = None
         if not quiet and sys.stderr.isatty():
             from tqdm.auto import tqdm
@@ -40,7 +44,7 @@ class Progress:
         if self.quiet:
             return
         eta = f"eta {record['eta_s'] or 0:,.0f}s"
-        summary = f"loss {record['loss']:.4f}  {record['real_tokens_per_s']:,.0f} tok/s"
+        summary = f"{self.loss_name} {record['loss']:.4f}  {record['real_tokens_per_s']:,.0f} tok/s"
         line = (
             "step %d: %s  lr %.2e  grad-norm %.3g  data-wait %.1f%%  padding-eff %.1f%%  %s",
             record["step"],

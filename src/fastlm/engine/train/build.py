@@ -639,7 +639,12 @@ def _recorder(
 ) -> Recorder:
     """Rows, progress bar and callbacks on rank 0; the other ranks keep the same rows quietly. An fp16 run's
     rows are judged with its grad scaler's scale (an overflowed step it skipped is no stop)."""
-    progress = Progress(total_steps, initial=state.step, quiet=params.quiet or not comm.is_main)
+    progress = Progress(
+        total_steps,
+        initial=state.step,
+        quiet=params.quiet or not comm.is_main,
+        label_smoothing=params.loss.label_smoothing,  # the step lines name the smoothed loss so
+    )
     return Recorder(
         state,
         metrics,
