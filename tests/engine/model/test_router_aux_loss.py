@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from fastlm.engine.data.schema import IGNORE_INDEX, TARGET_POSITIONS
+from fastlm.engine.data.schema import IGNORE_INDEX, TARGET_POSITIONS, VARLEN_REAL_TOKENS
 from fastlm.engine.model.accumulation import accumulate_gradients
-from fastlm.engine.model.loss import positions_to_keep, router_loss_choice
+from fastlm.engine.model.loss import positions_to_keep, router_aux_loss, router_loss_choice
 from fastlm.errors import ConfigError
-from tests.support.tolerances import OTHER_FP32_KERNEL
+from tests.support.tolerances import OTHER_FP32_KERNEL, OTHER_FP32_KERNEL_GRAD, OTHER_FP32_MODEL
 
 pytestmark = pytest.mark.kernels  # compares two computations
 
@@ -131,3 +131,144 @@ def test_packed_rows_with_a_dense_mask_are_refused_in_one_line():
     each["attention_mask"] = causal.expand(rows, 1, length, length)  # packed rows on sdpa: the dense mask
     with pytest.raises(ConfigError, match=r"output_router_logits: true .* Fix: set train.batching.mode"):
         accumulate_gradients(model, [each])
+
+
+# --- varlen paths: the row's padding tail is no text to route -----------------------------------------------
+
+# Samples of 9 + 14 + 5 tokens: 28, not a multiple of VARLEN_ROW_MULTIPLE (16), so the varlen row ends in 4
+# padding tokens; 7 + 9 = 16 leaves none.
+TAILED, UNTAILED = (9, 14, 5), (7, 9)
+
+
+def features(lengths, seed: int = 6) -> list[dict]:
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        {"input_ids": torch.randint(3, VOCAB, (n,), generator=generator).tolist(), "prompt_length": 2}
+        for n in lengths
+    ]
+
+
+def on_path(model, host: dict, attn: str):
+    """The micro-batch as the engine gives it to ``attn`` (``inputs.to_device``), and its weighted router
+    loss, step loss and router-weight gradients (``accumulate_gradients``)."""
+    from fastlm.engine.model.attention.inputs import to_device
+    from fastlm.engine.model.loss import training_outputs
+
+    model.config._attn_implementation = attn
+    moved = to_device(dict(host), torch.device("cpu"), attn)
+    with torch.no_grad():
+        aux = training_outputs(model, moved)[2]
+    loss_sum, total = accumulate_gradients(model, [moved])
+    router = {name: grad for name, grad in grads(model).items() if "mlp.gate." in name}
+    return moved, aux, loss_sum / total, router
+
+
+def padded(lengths) -> dict:
+    from fastlm.engine.data import DynamicPaddingCollator
+
+    return DynamicPaddingCollator(pad_id=0, pad_to_multiple_of=None)(features(lengths))
+
+
+def assert_same_router_loss(got, expected):
+    """A varlen row against padded rows: the router logits come out of another attention layout, so they
+    differ by a tiny model's fp32 rounding (``OTHER_FP32_MODEL``); the top-k picks and the mean over the
+    same real tokens are then the same, and the router gradient has the backward's room."""
+    _, aux, loss, router = got
+    _, expected_aux, expected_loss, expected_router = expected
+    torch.testing.assert_close(aux, expected_aux, **OTHER_FP32_MODEL)
+    torch.testing.assert_close(loss, expected_loss, **OTHER_FP32_MODEL)
+    assert router.keys() == expected_router.keys() and router
+    for name, grad in expected_router.items():
+        torch.testing.assert_close(router[name], grad, **OTHER_FP32_KERNEL_GRAD)
+
+
+def tiny_mixtral():
+    """Mixtral: its config names the experts ``num_local_experts``; the model's ``num_experts`` says them."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    config = MixtralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        output_router_logits=True,
+        router_aux_loss_coef=COEF,
+        max_position_embeddings=64,
+    )
+    return MixtralForCausalLM(config).float().train()
+
+
+@pytest.mark.parametrize("family", [tiny_moe, tiny_mixtral], ids=["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize(
+    ("lengths", "shape"), [(TAILED, (1, 32)), (TAILED[:2], (2, 14))], ids=["padding-tail", "rows-as-they-are"]
+)
+def test_a_varlen_rows_padding_is_left_out_of_the_router_loss_as_on_padded_rows(lengths, shape, family):
+    """The varlen row (no attention mask reaches the model) ends in padding up to a multiple of 16, or keeps
+    its rows' padding tails where they make no more than that round-up (``without_padding`` leaves such a
+    batch as it is): the router loss and its gradient are those of the same samples on padded rows, where
+    transformers' attention mask leaves the padding out."""
+    model = family()
+    expected = on_path(model, padded(lengths), "sdpa")
+    got = on_path(model, padded(lengths), "sdpa_varlen")
+    assert tuple(got[0]["input_ids"].shape) == shape and sum(lengths) < got[0]["input_ids"].numel()
+    assert_same_router_loss(got, expected)
+
+
+def test_a_fixed_shape_rows_large_padding_tail_is_left_out_of_the_router_loss():
+    """A fixed-shape micro-batch (CUDA graphs: ``PackedCollator.fixed_shape``) pads its varlen row to the
+    whole capacity: here 36 padding tokens after 28 real ones."""
+    from fastlm.engine.data import PackedCollator
+    from fastlm.engine.data.packing import TokenBudget
+
+    model = tiny_moe()
+    expected = on_path(model, padded(TAILED), "sdpa")
+    collate = PackedCollator(
+        pad_id=0,
+        budget=TokenBudget(row_length=16, rows_per_batch=4),
+        attention_mask_format="none",
+        fixed_shape=True,
+    )
+    got = on_path(model, collate(features(TAILED)), "sdpa_varlen")
+    assert got[0]["input_ids"].shape == (1, 64)
+    assert_same_router_loss(got, expected)
+
+
+def test_a_varlen_row_without_a_padding_tail_keeps_the_models_own_router_loss():
+    """Nothing to leave out (16 real tokens): the router loss is the model's own, bit for bit (the same
+    computation)."""
+    from fastlm.engine.data.schema import model_inputs
+    from fastlm.engine.model.attention.inputs import to_device
+    from fastlm.engine.model.loss import training_outputs
+
+    model = tiny_moe()
+    model.config._attn_implementation = "sdpa_varlen"
+    moved = to_device(padded(UNTAILED), torch.device("cpu"), "sdpa_varlen")
+    assert moved["input_ids"].shape == (1, 16) and VARLEN_REAL_TOKENS not in moved
+    with torch.no_grad():
+        aux = training_outputs(model, moved)[2]
+        own = model(**model_inputs(moved)).aux_loss
+    assert torch.equal(aux, own.float() * COEF)
+
+
+class RoutedElsewhere(torch.nn.Module):
+    """A mixture-of-experts model whose modeling module has no ``load_balancing_loss_func``."""
+
+    router_aux_loss_coef = COEF
+
+
+def test_a_family_without_transformers_balancing_function_keeps_its_own_router_loss_said_once(caplog):
+    from types import SimpleNamespace
+
+    outputs = SimpleNamespace(aux_loss=torch.tensor(1.25), router_logits=(torch.zeros(4, 4),))
+    real = torch.tensor([[True, True, False, False]])
+    with caplog.at_level("WARNING", logger="fastlm.engine.model.loss"):
+        values = [router_aux_loss(RoutedElsewhere(), outputs, real) for _ in range(2)]
+    assert [float(value) for value in values] == [1.25 * COEF] * 2
+    said = [record.getMessage() for record in caplog.records if "router loss" in record.getMessage()]
+    assert len(said) == 1 and "RoutedElsewhere has no load_balancing_loss_func" in said[0], said

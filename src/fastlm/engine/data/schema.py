@@ -17,6 +17,11 @@ MODEL_INPUTS = "model_inputs"  # a batch from inputs.to_device: the model's keyw
 TARGET_POSITIONS = "target_positions"
 # A packed batch of one shape whatever its fill (``PackedCollator.fixed_shape``): its varlen view keeps one.
 FIXED_SHAPE = "fixed_shape"
+# A varlen batch from inputs.to_device whose one row holds padding (its round-up tail, a fixed shape's
+# capacity, or rows left as they are): the ``[1, width]`` bool mask of its real tokens, on the device, which
+# the router load-balancing loss is computed over (``loss.router_aux_loss``; no attention mask reaches the
+# model there). Absent where every token of the row is real.
+VARLEN_REAL_TOKENS = "varlen_real_tokens"
 
 
 def model_inputs(batch: Mapping) -> dict:

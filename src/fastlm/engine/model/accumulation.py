@@ -24,6 +24,8 @@ times the micro-batches' mean aux loss (under data parallelism the mean over eve
 DDP averages that term's gradients). The weight of the router loss does not change with the accumulation.
 The step's returned loss sum includes that term (``coef * aux * total / (k * world_size)`` per micro-batch),
 so the logged training ``loss`` is what was optimised, router loss included, as transformers' ``loss``.
+On a varlen path (one row, no attention mask) that loss is taken over the row's real tokens only, as the
+attention mask has it on padded rows (``loss.router_aux_loss``, ``VARLEN_REAL_TOKENS``).
 
 What a target token is: ``loss``; ``schema.count_target_tokens`` counts them (the one definition).
 """

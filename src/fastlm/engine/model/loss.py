@@ -12,15 +12,24 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import sys
 from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 
-from fastlm.engine.data.schema import IGNORE_INDEX, TARGET_POSITIONS, model_inputs, shift_labels
+from fastlm.engine.data.schema import (
+    IGNORE_INDEX,
+    TARGET_POSITIONS,
+    VARLEN_REAL_TOKENS,
+    model_inputs,
+    shift_labels,
+)
 from fastlm.engine.model.encoder_decoder import HEAD_POSITIONS, takes_head_positions, unwrapped
 from fastlm.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def forward_logits(model: torch.nn.Module, batch: Mapping) -> torch.Tensor:
@@ -107,9 +116,11 @@ def training_outputs(
     model: torch.nn.Module, batch: Mapping, ignore_index: int = IGNORE_INDEX
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``training_logits``' logits and targets, and the model's weighted router loss (``router_aux_loss``:
-    None but for a mixture-of-experts model with ``output_router_logits``), from the same forward."""
+    None but for a mixture-of-experts model with ``output_router_logits``; over the real tokens of a varlen
+    row, ``VARLEN_REAL_TOKENS``), from the same forward."""
     targets = shift_labels(batch["labels"], ignore_index)
     keep = batch.get(TARGET_POSITIONS)
+    real = batch.get(VARLEN_REAL_TOKENS)
     inputs = routed_inputs(model, batch)
     if keep is not None and takes_logits_to_keep(model):
         outputs = model(**inputs, logits_to_keep=keep)
@@ -118,7 +129,7 @@ def training_outputs(
     else:
         outputs = model(**inputs)
         logits = outputs.logits.view(*batch["labels"].shape, outputs.logits.shape[-1])
-        aux = router_aux_loss(model, outputs)
+        aux = router_aux_loss(model, outputs, real)
         return logits.reshape(-1, logits.size(-1)), targets.reshape(-1), aux
     logits = outputs.logits
     logits = logits.reshape(-1, logits.size(-1))
@@ -128,7 +139,7 @@ def training_outputs(
             f"{type(model).__name__} returned {logits.size(0)} logits for {kept.size(0)} kept "
             "positions: it does not slice logits_to_keep as transformers' slice_logits_to_keep does"
         )
-    return logits, kept, router_aux_loss(model, outputs)
+    return logits, kept, router_aux_loss(model, outputs, real)
 
 
 def routed_inputs(model: torch.nn.Module, batch: Mapping) -> dict:
@@ -157,12 +168,19 @@ def _routes(model: torch.nn.Module) -> bool:
     return any(getattr(each, "output_router_logits", False) for each in texts)
 
 
-def router_aux_loss(model: torch.nn.Module, outputs) -> torch.Tensor | None:
+def router_aux_loss(
+    model: torch.nn.Module, outputs, real_tokens: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """``router_aux_loss_coef * aux_loss``: the router load-balancing loss a mixture-of-experts model
     (Mixtral, Qwen2/3-MoE, OLMoE, ...) returns when its config sets ``output_router_logits`` (transformers'
     ``load_balancing_loss_func`` over the router logits of every layer, padding excluded by the attention
     mask), weighted as the model's own forward adds it to its loss when given labels; None when the model
-    returns none. Still on the device (no sync)."""
+    returns none. Still on the device (no sync).
+
+    ``real_tokens`` (``VARLEN_REAL_TOKENS``: a varlen row with padding, which reaches the model without an
+    attention mask, so its own aux loss routes the padding as text): the loss is computed again from the
+    model's ``router_logits`` by its family's ``load_balancing_loss_func`` with that mask, as the padded
+    path's attention mask has it (``varlen_router_loss``)."""
     aux = getattr(outputs, "aux_loss", None)
     if aux is None:
         return None
@@ -176,7 +194,73 @@ def router_aux_loss(model: torch.nn.Module, outputs) -> torch.Tensor | None:
             "router_aux_loss_coef to weight it: set router_aux_loss_coef in the model's config, or set "
             "output_router_logits: false"
         )
+    if real_tokens is not None:
+        aux = varlen_router_loss(base, outputs, real_tokens, aux)
     return aux.float() * float(coef)
+
+
+def varlen_router_loss(base: torch.nn.Module, outputs, real_tokens: torch.Tensor, aux: torch.Tensor):
+    """The router load-balancing loss over the real tokens of a varlen row only (``real_tokens``,
+    ``[1, width]`` bool on the device): the family's own ``load_balancing_loss_func`` (its modeling module's)
+    given the model's ``router_logits``, ``num_experts``, ``num_experts_per_tok`` and that mask, the call its
+    forward makes with the attention mask of padded rows; no sync (transformers counts experts with fixed
+    bins). A family without that function, those attributes or router logits keeps its own ``aux`` (padding
+    included), said once in the log."""
+    balancing = _balancing_loss_function(type(base))
+    routing = _routing(base)
+    logits = getattr(outputs, "router_logits", None)
+    missing = (
+        "load_balancing_loss_func(gate_logits, num_experts, top_k, attention_mask) in its modeling module"
+        if balancing is None
+        else "num_experts / num_experts_per_tok"
+        if routing is None
+        else "router_logits in its outputs"
+        if not isinstance(logits, tuple) or not logits
+        else ""
+    )
+    if missing:
+        _say_padding_routed(type(base).__name__, missing)
+        return aux
+    return balancing(logits, *routing, real_tokens)
+
+
+@functools.cache
+def _balancing_loss_function(cls: type):
+    """The ``load_balancing_loss_func`` of the modeling module of ``cls`` or of the first class of its MRO
+    that has one (FSDP2 subclasses the model's class), when it takes transformers' arguments."""
+    for klass in cls.__mro__:
+        function = getattr(sys.modules.get(klass.__module__), "load_balancing_loss_func", None)
+        if function is None:
+            continue
+        try:
+            names = list(inspect.signature(function).parameters)[:4]
+        except (TypeError, ValueError):
+            return None
+        return function if names == ["gate_logits", "num_experts", "top_k", "attention_mask"] else None
+    return None
+
+
+def _routing(base: torch.nn.Module) -> tuple[int, int] | None:
+    """The experts and experts per token the model's forward gives ``load_balancing_loss_func``: its own
+    attributes, else its language model's config's (a multimodal model's)."""
+    config = getattr(base, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for owner in (base, text):
+        experts, top_k = getattr(owner, "num_experts", None), getattr(owner, "num_experts_per_tok", None)
+        if isinstance(experts, int) and isinstance(top_k, int):
+            return experts, top_k
+    return None
+
+
+@functools.cache
+def _say_padding_routed(name: str, missing: str) -> None:
+    log.warning(
+        "router loss: %s has no %s, so on this varlen path its load-balancing loss (router_aux_loss_coef) "
+        "is the model's own, which routes the row's padding tokens as text; train.batching.mode: "
+        "length_grouped with train.model.attn_implementation sdpa or eager leaves the padding out",
+        name,
+        missing,
+    )
 
 
 def router_loss_choice(model: torch.nn.Module) -> str:

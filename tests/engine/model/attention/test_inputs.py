@@ -295,7 +295,9 @@ def test_varlen_paths_get_the_real_tokens_in_one_row_without_the_rows_padding(la
 def test_the_varlen_row_is_pinned_where_the_loader_pinned_the_rows(monkeypatch):
     """On CUDA the loader pins each batch (``pin_memory`` auto) so its transfers are asynchronous; the row
     built on the host is pinned too (a pageable source may make the copy wait). Pinning needs CUDA: stood in
-    for by patched ``is_pinned`` / ``pin_memory``."""
+    for by patched ``is_pinned`` / ``pin_memory``. The mask of the row's real tokens (its padding tail left
+    out of the router loss) too."""
+    from fastlm.engine.data.schema import VARLEN_REAL_TOKENS
     from fastlm.engine.model.attention.inputs import without_padding
 
     batch = _varlen_batches()["packed"]
@@ -303,7 +305,8 @@ def test_the_varlen_row_is_pinned_where_the_loader_pinned_the_rows(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(self.shape) or self.clone())
     out = without_padding(batch)
-    assert pinned == [out[key].shape for key in ("input_ids", "labels", "position_ids", "cu_seq_lens")]
+    keys = ("input_ids", "labels", "position_ids", "cu_seq_lens", VARLEN_REAL_TOKENS)
+    assert pinned == [out[key].shape for key in keys]
     from fastlm.engine.model.loss import positions_to_keep
 
     pinned.clear()
@@ -353,6 +356,9 @@ def test_fixed_shape_varlen_batches_keep_one_shape_whatever_their_fill(attn):
         flat_ids = torch.cat([torch.as_tensor(SAMPLES[i]) for i in pick])
         assert torch.equal(inputs["input_ids"][0, :real], flat_ids)
         assert bool((out["labels"][0, real:] == -100).all())
+        assert torch.equal(
+            out["varlen_real_tokens"], (torch.arange(capacity) < real)[None]
+        )  # router loss mask
         pad = capacity - real
         padding = [ROW] * (pad // ROW) + ([pad % ROW] if pad % ROW else [])  # segments of at most ROW
         bounds = inputs["cu_seq_lens_q"].tolist()

@@ -51,6 +51,7 @@ from fastlm.engine.data.schema import (
     MODEL_INPUT_KEYS,
     MODEL_INPUTS,
     TARGET_POSITIONS,
+    VARLEN_REAL_TOKENS,
 )
 from fastlm.engine.data.seq2seq_packing import seq2seq_packed_masks
 from fastlm.engine.model.attention.kernels import MAX_LENGTH_BOUND, SDPA_VARLEN, TORCH_VARLEN
@@ -74,7 +75,7 @@ IMPLEMENTATIONS = tuple(PACKED_INPUTS)
 # decoder's.
 DECODER_INPUT_KEYS = ("decoder_input_ids", "decoder_attention_mask")
 SEQ2SEQ_INPUTS = (*(key for key in MODEL_INPUT_KEYS if key != "position_ids"), *DECODER_INPUT_KEYS)
-DEVICE_KEYS = (*MODEL_INPUT_KEYS, "labels", *DECODER_INPUT_KEYS)
+DEVICE_KEYS = (*MODEL_INPUT_KEYS, "labels", *DECODER_INPUT_KEYS, VARLEN_REAL_TOKENS)
 
 
 def packed_inputs(attn: str) -> str:
@@ -156,7 +157,10 @@ def without_padding(batch: dict) -> dict:
     segments of their own). ``cu_seq_lens``, ``max_seqlen``, ``sequence_ids`` and ``num_computed_tokens``
     follow; each sample's first label is ``ignore_index`` (its row's start predicted nothing). Packed
     batches carry their real tokens' mask (``real_mask``), right-padded ones their 2D ``attention_mask``;
-    a batch without padding beyond the round-up is returned as it is.
+    a batch without padding beyond the round-up is returned as it is. Where the row holds padding (its tail,
+    or the rows' own where they are left as they are) ``VARLEN_REAL_TOKENS`` is its ``[1, width]`` mask of
+    the real tokens, made here on the host (no sync): the router load-balancing loss leaves the rest out, as
+    the attention mask does on padded rows (``loss.router_aux_loss``).
 
     A batch of one fixed shape (``PackedCollator.fixed_shape``: CUDA graphs replay one shape) keeps it: the
     row is padded to the batch's capacity, its padding in segments of at most the row length (the longest
@@ -172,7 +176,9 @@ def without_padding(batch: dict) -> dict:
     count = int(real.sum())
     width = real.numel() if fixed else -(-count // VARLEN_ROW_MULTIPLE) * VARLEN_ROW_MULTIPLE
     if (width >= real.numel() and not fixed) or count == 0:
-        return batch
+        if count in (0, real.numel()):
+            return batch
+        return {**batch, VARLEN_REAL_TOKENS: _pinned_like(batch, real.reshape(1, -1).bool())}
     flat, tail = real.reshape(-1), width - count
     ids = batch["input_ids"].reshape(-1)
     if "position_ids" in batch:
@@ -202,10 +208,20 @@ def without_padding(batch: dict) -> dict:
     out["num_computed_tokens"] = torch.tensor(width, dtype=torch.int64)
     if "row_length" not in batch:  # the bound a right-padded batch's rows gave (few values in a run)
         out["row_length"] = torch.tensor(max_length_bound(batch, real.shape[1]), dtype=torch.int64)
+    if tail:  # the first count tokens are the real ones
+        out[VARLEN_REAL_TOKENS] = (torch.arange(width) < count).unsqueeze(0)
     if batch["input_ids"].is_pinned():  # the loader pinned the rows (CUDA): the copies made here too, so
-        for key in ("input_ids", "labels", "position_ids", "cu_seq_lens"):  # their transfers stay async
-            out[key] = out[key].pin_memory()
+        for key in ("input_ids", "labels", "position_ids", "cu_seq_lens", VARLEN_REAL_TOKENS):
+            if key in out:  # their transfers stay async
+                out[key] = out[key].pin_memory()
     return out
+
+
+def _pinned_like(batch: dict, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` pinned where the loader pinned the batch's rows (CUDA), so that its transfer stays async."""
+    if batch["input_ids"].is_pinned() and not tensor.is_pinned():
+        return tensor.pin_memory()
+    return tensor
 
 
 def max_length_bound(batch: dict, length: int) -> int:
