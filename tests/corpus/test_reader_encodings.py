@@ -173,3 +173,51 @@ def test_korean_cp949_after_a_utf8_bom_reads_its_header_and_first_line_as_writte
     path.write_bytes(b"\xef\xbb\xbf" + text.encode("cp949"))
     table = read_text_table(path)
     assert list(table.columns) == ["text"] and list(table["text"]) == rows
+
+
+@pytest.mark.parametrize("name", ["rows.csv", "rows.txt", "rows.jsonl", "rows.tsv.gz"])
+@pytest.mark.parametrize(("codec", "named"), [("utf-32-le", "UTF-32LE"), ("utf-32-be", "UTF-32BE")])
+@pytest.mark.parametrize("words", ["fast delivery", "배송이 빨라요"])
+def test_utf32_without_a_byte_order_mark_is_refused_naming_it(tmp_path, name, codec, named, words):
+    """A file saved as UTF-32 without its byte-order mark holds each character in four bytes, three of them
+    NULs for ASCII (two for Korean): valid UTF-8 byte for byte, so it was read as texts of NULs, a CSV's
+    header as the column 't\\x00\\x00\\x00e...' and a .txt's lines trained as such. Refused in one line naming
+    UTF-32 and the iconv command, as UTF-16 without its mark is."""
+    text = (
+        "".join(json.dumps({"text": f"review {i}: {words}"}, ensure_ascii=False) + "\n" for i in range(50))
+        if ".jsonl" in name
+        else "text\n" + "".join(f"review {i}: {words}\n" for i in range(50))
+    )
+    data = text.encode(codec)
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path, "predict.input")
+    message = str(error.value)
+    assert f"{path} looks like {named} without a byte-order mark" in message and "\n" not in message, message
+    assert f"iconv -f {named} -t UTF-8" in message and "point predict.input at the converted" in message
+
+
+@pytest.mark.parametrize("codec", ["utf-32", "utf-32-be-bom", "utf-16"])
+def test_utf32_or_utf16_with_a_byte_order_mark_is_still_refused_naming_its_encoding(tmp_path, codec):
+    """With its byte-order mark a UTF-32 or UTF-16 file is not UTF-8 from its first byte: refused as before,
+    naming the encoding the mark says and an iconv command that keeps the text (the mark is no text)."""
+    text = "text\n" + "".join(f"review {i}: 배송이 빨라요\n" for i in range(20))
+    data = b"\x00\x00\xfe\xff" + text.encode("utf-32-be") if codec == "utf-32-be-bom" else text.encode(codec)
+    path = tmp_path / "rows.csv"
+    path.write_bytes(data)
+    named = "UTF-16" if codec == "utf-16" else "UTF-32"
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    message = str(error.value)
+    assert f"it looks like {named}." in message and "\n" not in message, message
+    assert f"iconv -f {named} -t UTF-8 {path} > converted.csv" in message
+    assert data.decode(named.lower()) == text  # the command's codec reads the file, its mark left out
+
+
+def test_utf8_korean_text_is_read_as_written(tmp_path):
+    """A UTF-8 file of Korean text (the NUL checks look at its start) is read as it was."""
+    rows = ["배송이 빨라요", "가격 대비 품질이 훌륭합니다", "포장이 꼼꼼해서 만족해요"] * 20
+    path = tmp_path / "rows.csv"
+    path.write_bytes(("text\n" + "\n".join(rows) + "\n").encode())
+    assert read_text_table(path)["text"].tolist() == rows

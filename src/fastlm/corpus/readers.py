@@ -581,6 +581,7 @@ def _text_source(path: Path, parameter: str = RAW_PATH) -> Path | io.BytesIO:
         with handle:
             while chunk := handle.read(CHUNK):
                 if not offset:
+                    _refuse_utf32_without_bom(chunk, path, parameter)
                     _refuse_utf16_without_bom(chunk, path, parameter)
                 try:
                     decoder.decode(chunk)
@@ -596,7 +597,32 @@ def _text_source(path: Path, parameter: str = RAW_PATH) -> Path | io.BytesIO:
     return path
 
 
-UTF16_HEAD = 4096  # the bytes of a file's start looked at for UTF-16 without its byte-order mark
+UTF16_HEAD = 4096  # the bytes of a file's start looked at for UTF-16 or UTF-32 without its byte-order mark
+
+
+def _refuse_utf32_without_bom(head: bytes, path: Path, parameter: str = RAW_PATH) -> None:
+    """Refuse a file whose start (``head``, decompressed) is UTF-32 without its byte-order mark: each four
+    bytes one character, its top byte a NUL in every one (no code point reaches 2**24) and its next byte a
+    NUL in nearly every one (all of the Basic Multilingual Plane), while its low byte is not. ASCII so written
+    is valid UTF-8, each character then followed (LE) or preceded (BE) by three NULs: a CSV's header
+    ``t\x00\x00\x00e...``, a .txt's lines trained so; other text fails as UTF-8 at an arbitrary byte."""
+    sample = head[: UTF16_HEAD - len(head[:UTF16_HEAD]) % 4]
+    if len(sample) < 8 or sample.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
+        return  # with its byte-order mark: not UTF-8 from its first byte, named as UTF-32 (``_not_utf8``)
+    units = len(sample) // 4
+    for named, top, next_, low in (("UTF-32LE", 3, 2, 0), ("UTF-32BE", 0, 1, 3)):
+        if (
+            sample[top::4].count(0) == units
+            and sample[next_::4].count(0) >= units * 3 // 4
+            and sample[low::4].count(0) <= units // 4
+        ):
+            _refuse_without_bom(
+                path,
+                parameter,
+                named,
+                "each character of its start takes four bytes, the top one a NUL (read as UTF-8, each ASCII "
+                f"character would be {'followed' if named.endswith('LE') else 'preceded'} by three NULs).",
+            )
 
 
 def _refuse_utf16_without_bom(head: bytes, path: Path, parameter: str = RAW_PATH) -> None:
@@ -611,13 +637,23 @@ def _refuse_utf16_without_bom(head: bytes, path: Path, parameter: str = RAW_PATH
     if max(odd, even) < 9 * min(odd, even) + 4:
         return
     named = "UTF-16LE" if odd > even else "UTF-16BE"
+    _refuse_without_bom(
+        path,
+        parameter,
+        named,
+        "every other byte of its start is a NUL (read as UTF-8, each character would be followed by one).",
+    )
+
+
+def _refuse_without_bom(path: Path, parameter: str, named: str, why: str) -> None:
+    """Refuse ``path``, read as ``named`` (an iconv name) without its byte-order mark for ``why``: the fix
+    converts its (decompressed) bytes to UTF-8."""
     compressed = _is_compressed(path)
     suffix = path.suffixes[-2] if compressed and len(path.suffixes) > 1 else path.suffix
     reads = f"{DECOMPRESS_COMMANDS[path.suffixes[-1].lower()]} {path} | " if compressed else ""
     command = f"{reads}iconv -f {named} -t UTF-8{'' if compressed else f' {path}'} > converted{suffix}"
     raise InputDataError(
-        f"{path} looks like {named} without a byte-order mark, not UTF-8: every other byte of its start is a "
-        "NUL (read as UTF-8, each character would be followed by one).",
+        f"{path} looks like {named} without a byte-order mark, not UTF-8: {why}",
         fix=f"re-save it as UTF-8: {command}, then point {parameter} at the converted file.",
     )
 
