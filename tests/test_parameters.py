@@ -4,11 +4,14 @@ defaults, every group a node reads is registered, and the hook validates through
 import re
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 
+from fastlm.cli import RAW_PARAMS
 from fastlm.errors import ConfigError
 from fastlm.parameters import GROUPS, parse_group
+from fastlm.runs import validate_run_name
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "base"
 
@@ -204,10 +207,10 @@ def test_a_text_parameter_read_as_a_mapping_asks_for_quotes_not_a_sub_key(group,
 @pytest.mark.parametrize(
     ("group", "raw", "name", "quoted"),
     [
-        ("split", {"hash_salt": 42}, "split.hash_salt", "'split.hash_salt=\"42\"'"),
-        ("split", {"text_column": 2024}, "split.text_column", "'split.text_column=\"2024\"'"),
-        ("split", {"hash_salt": 1.5}, "split.hash_salt", "'split.hash_salt=\"<text>\"'"),
-        ("split", {"hash_salt": True}, "split.hash_salt", "'split.hash_salt=\"<text>\"'"),
+        ("split", {"hash_salt": 42}, "split.hash_salt", "'split.hash_salt=\"<text as written>\"'"),
+        ("split", {"text_column": 2024}, "split.text_column", "'split.text_column=\"<text as written>\"'"),
+        ("split", {"hash_salt": 1.5}, "split.hash_salt", "'split.hash_salt=\"<text as written>\"'"),
+        ("split", {"hash_salt": True}, "split.hash_salt", "'split.hash_salt=\"<text as written>\"'"),
     ],
     ids=["salt", "column", "float", "boolean"],
 )
@@ -215,7 +218,8 @@ def test_a_text_parameter_typed_as_a_number_asks_for_quotes(group, raw, name, qu
     """``--params split.hash_salt=42`` (a salt, a seed-like number) reaches the schema as the number 42 (YAML
     reads it so), and a column named ``2024`` likewise: the fix is to quote the value, in --params as
     ``'split.hash_salt="42"'``. Was: the fix said ``pass --params split.hash_salt=<value>``, which gives the
-    same number again and is refused the same way."""
+    same number again and is refused the same way. Where the text typed is not known (no --params, no file
+    writing it) the fix says to quote it as written: the number read may not be it (``0042`` is 34)."""
     with pytest.raises(ConfigError) as error:
         parse_group(group, raw)
     message = str(error.value)
@@ -223,6 +227,62 @@ def test_a_text_parameter_typed_as_a_number_asks_for_quotes(group, raw, name, qu
     assert "read as a number" in message or "read as true or false" in message, message
     fix = message.split("Fix:")[1]
     assert "quote" in fix and quoted in fix, fix
+
+
+@pytest.mark.parametrize(
+    ("given", "group", "raw", "quoted"),
+    [
+        ("split.hash_salt=0042", "split", {"hash_salt": 34}, "'split.hash_salt=\"0042\"'"),
+        ("split.text_column=007,train.seed=1", "split", {"text_column": 7}, "'split.text_column=\"007\"'"),
+        ("split.hash_salt=1.50", "split", {"hash_salt": 1.5}, "'split.hash_salt=\"1.50\"'"),
+        ("run_name=007", "run_name", 7, "'run_name=\"007\"'"),
+        ("run_name=1.50", "run_name", 1.5, "'run_name=\"1.50\"'"),
+    ],
+    ids=["octal_salt", "leading_zeros_column", "float_salt", "run_name", "run_name_float"],
+)
+def test_a_text_parameter_typed_as_a_number_is_quoted_as_typed_in_params(given, group, raw, quoted):
+    """``--params split.hash_salt=0042`` reaches the schema as 34 (YAML 1.1 reads a leading 0 as octal),
+    ``run_name=007`` as 7, ``1.50`` as 1.5: the fix quotes the text typed in --params, not the number read.
+    Was: ``'split.hash_salt="34"'``, ``'run_name="7"'``, which run with another salt or name."""
+    with click.Context(click.Command("run")) as context:
+        context.meta[RAW_PARAMS] = given
+        with pytest.raises(ConfigError) as error:
+            validate_run_name(raw) if group == "run_name" else parse_group(group, raw)
+    message = str(error.value)
+    assert "\n" not in message and quoted in message.split("Fix:")[1], message
+    wrong = f'="{raw}"' if group == "run_name" else f'="{next(iter(raw.values()))}"'
+    assert wrong not in message, message
+
+
+@pytest.mark.parametrize(
+    ("file", "text", "group", "raw", "quoted"),
+    [
+        (
+            "base/parameters_split.yml",
+            "split:\n  hash_salt: 0042  # salt\n",
+            "split",
+            {"hash_salt": 34},
+            "0042",
+        ),
+        ("local/parameters.yml", "run_name: 007\n", "run_name", 7, "007"),
+        ("local/parameters.yml", "split:\n  hash_salt: 1.50\n", "split", {"hash_salt": 1.5}, "1.50"),
+    ],
+    ids=["octal_salt", "run_name", "float_salt"],
+)
+def test_a_text_parameter_typed_as_a_number_is_quoted_as_its_file_writes_it(
+    tmp_path, monkeypatch, file, text, group, raw, quoted
+):
+    """A parameters file writing ``hash_salt: 0042`` unquoted: the fix quotes the file's text, ``0042``, not
+    the number YAML read (34)."""
+    path = tmp_path / "conf" / file
+    path.parent.mkdir(parents=True)
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as error:
+        validate_run_name(raw) if group == "run_name" else parse_group(group, raw)
+    fix = str(error.value).split("Fix:")[1]
+    name = "run_name" if group == "run_name" else "split.hash_salt"
+    assert f"'{name}=\"{quoted}\"'" in fix, fix
 
 
 @pytest.mark.parametrize(

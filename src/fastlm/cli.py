@@ -28,6 +28,7 @@ from kedro.framework.cli.project import run as kedro_run
 import fastlm.pipelines
 from fastlm.engine.train.signals import raised_by_signal, stop_delivered
 from fastlm.errors import ConfigError, FastlmError, exception_chain, find_user_error
+from fastlm.parameters import RAW_PARAMS
 from fastlm.redaction import redact_exception, redact_text
 from fastlm.temporary_files import shown_path
 from fastlm.unique_keys import KeyTwice, load_unique_keys
@@ -144,7 +145,6 @@ def _stopped(stop: KeyboardInterrupt) -> None:
     sys.exit(130)
 
 
-RAW_PARAMS = "fastlm.raw_params"  # click context meta: the --params text as typed
 _YAML_COMMENT = re.compile(r"(?:^|\s)#")
 _UTF8_LOCALE = "run under a UTF-8 locale: `LC_ALL=C.UTF-8 kedro run ...` (or `PYTHONUTF8=1 kedro run ...`)"
 

@@ -342,3 +342,77 @@ def _only_leaf(value: Any) -> tuple[str, ...]:
         name, value = next(iter(value.items()))
         path.append(str(name))
     return tuple(path) if not isinstance(value, Mapping) else ()
+
+
+RAW_PARAMS = "fastlm.raw_params"  # click context meta: the --params text as typed (set by fastlm.cli)
+_FILE_LINE = r"^\s*(?:-\s+)?(['\"]?){key}\1\s*:\s+(?P<text>[^#\s'\"{{\[][^#]*?)\s*(?:\s#.*)?$"
+
+
+def written_text(name: str, value: Any) -> str | None:
+    """The text the value ``value`` of the dotted parameter ``name`` was typed as, unquoted, where it can be
+    found: its ``--params`` item (or its ``--config`` file's ``run.params``), else the line of a parameters
+    file under ./conf that writes it; None where it is found nowhere, or files write it differently. YAML
+    reads ``0042`` as 34 and ``1.50`` as 1.5, so a fix quoting the value read would change it."""
+    given = [text for text in _given_texts(name) if _reads_as(text, value)]
+    if given:
+        return given[-1]  # the last item given is the one Kedro keeps
+    written = {text for text in _file_texts(name) if _reads_as(text, value)}
+    return written.pop() if len(written) == 1 else None
+
+
+def _given_texts(name: str) -> list[str]:
+    """The values typed for ``name`` in the running ``kedro run``'s ``--params`` text (or its ``--config``
+    file's ``run.params`` text), as typed; none outside the command."""
+    try:
+        import click
+    except ImportError:
+        return []
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return []
+    from fastlm.cli import params_items
+
+    texts = [context.meta.get(RAW_PARAMS), (context.default_map or {}).get("params")]
+    found = []
+    for text in texts:
+        if isinstance(text, str):
+            for item in params_items(text):
+                key, equals, typed = item.partition("=")
+                if equals and key.strip() == name:
+                    found.append(typed.strip())
+    return found
+
+
+def _file_texts(name: str) -> list[str]:
+    """The texts of the lines of the parameters files under ./conf (each environment's) that write ``name``
+    (its last key, in a file whose value at ``name`` is set)."""
+    conf = Path("conf")
+    if not conf.is_dir():
+        return []
+    keys = name.split(".")
+    line = re.compile(_FILE_LINE.format(key=re.escape(keys[-1])), re.MULTILINE)
+    texts = []
+    for folder in sorted(path for path in conf.iterdir() if path.is_dir()):
+        for file, loaded in parameters_files(folder):
+            value = loaded
+            for key in keys:
+                value = value.get(key) if isinstance(value, Mapping) else None
+            if value is None:
+                continue
+            try:
+                texts += [match["text"] for match in line.finditer(file.read_text(encoding="utf-8"))]
+            except (OSError, UnicodeDecodeError):
+                continue
+    return texts
+
+
+def _reads_as(text: str, value: Any) -> bool:
+    """Whether ``text``, read as Kedro reads a ``--params`` value or a file's (OmegaConf's YAML), is
+    ``value`` (of its type: 1 is not True)."""
+    from omegaconf import OmegaConf
+
+    try:
+        read = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={text}"]))["value"]
+    except Exception:  # noqa: BLE001 - a text OmegaConf does not read is not the value
+        return False
+    return type(read) is type(value) and read == value

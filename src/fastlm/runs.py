@@ -38,12 +38,21 @@ def validate_run_name(name) -> str:
         return name
     if isinstance(name, str):
         fix = f"rename it, e.g. --params run_name={_safe_version(name) or 'lora-r16'}."
-    else:  # --params (and YAML) read 123 as a number, true as a boolean
-        text = str(name).lower() if isinstance(name, bool) else str(name)
-        fix = (
-            f"give a name with a letter, e.g. --params run_name=run-{text}, or quote it so that it stays "
-            f'text: --params \'run_name="{text}"\' (run_name: "{text}" in a parameters file).'
-        )
+    else:  # --params (and YAML) read 123 as a number, true as a boolean; 007 as 7, 1.50 as 1.5
+        from fastlm.parameters import written_text
+
+        text = written_text("run_name", name)
+        if text is None:  # the number read may not be the text typed: it is not shown as that text
+            fix = (
+                "give a name with a letter, e.g. --params run_name=run-<name>, or quote the name as written "
+                'so that it stays text: --params \'run_name="<name as written>"\' (run_name: "<name as '
+                'written>" in a parameters file).'
+            )
+        else:
+            fix = (
+                f"give a name with a letter, e.g. --params run_name=run-{text}, or quote it so that it stays "
+                f'text: --params \'run_name="{text}"\' (run_name: "{text}" in a parameters file).'
+            )
     shown = repr(name[: MAX_LENGTH + 10]) if isinstance(name, str) else str(name)[: MAX_LENGTH + 10]
     raise ConfigError(
         f"run_name {shown} is not a safe folder name: {why}. A run name names the checkpoint, "

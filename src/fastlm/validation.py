@@ -109,13 +109,17 @@ def parse_params(model: type[Model], raw: Any, *, prefix: str, source: str, file
             ) from None
         if isinstance(value, int | float) and first["type"] == "string_type":
             # a text of digits (a salt, a column named 2024) or true/false, given in --params or unquoted in
-            # YAML, is read as a number or a boolean: quoted, it stays the text typed
+            # YAML, is read as a number or a boolean: quoted, it stays the text typed. The fix quotes that
+            # text where it is found (``0042`` is read as 34, ``1.50`` as 1.5: the number read is no fix)
+            from fastlm.parameters import written_text
+
             typed = "true or false" if isinstance(value, bool) else "a number"
-            written = str(value) if type(value) is int else "<text>"
+            written = None if file_only else written_text(name, value)
+            read = f"{written} is read as {value!r}" if written is not None else f"it is read as {typed}"
             raise ConfigError(
-                f"{where}parameter {name}{shown} is invalid: {message} (unquoted, it is read as {typed}).",
-                fix=f"quote the text in {source}"
-                + ("" if file_only else f", or in --params: '{name}=\"{written}\"'")
+                f"{where}parameter {name}{shown} is invalid: {message} (unquoted, {read}).",
+                fix=f"quote the text{'' if written else ' as written'} in {source}"
+                + ("" if file_only else f", or in --params: '{name}=\"{written or '<text as written>'}\"'")
                 + ".",
             ) from None
         read = _keys_read(_child(parent, path[-1]), message) if isinstance(value, dict) and path else []
