@@ -159,6 +159,21 @@ def test_run_comparison_says_which_runs_did_not_finish():
     assert "status" not in compare_runs(running, current_run_id="a" * 32)  # the report's own open run
 
 
+def test_a_resumed_run_beside_runs_started_fresh_shows_the_step_it_went_on_from():
+    """A training run again by name (a run of 3 steps, then ``train.max_steps=6``) is a second MLflow run of
+    that name; its ``resumed_from_step`` was shown only where two runs had other values of it, so one
+    resumed run among fresh ones (the usual case) stood as a second row of that name with nothing to say it
+    went on from the first. The column shows where any run resumed, blank for the runs started fresh."""
+    runs = runs_frame(SPEED).assign(
+        **{"tags.mlflow.runName": ["r1", "r1", "older"], "params.resumed_from_step": ["3", None, None]}
+    )
+    table = compare_runs(runs, current_run_id="a" * 32)
+    assert table["resumed_from_step"].iloc[0] == "3", list(table.columns)
+    assert table["resumed_from_step"].iloc[1:].isna().all()  # started fresh: blank
+    fresh = runs_frame(SPEED).assign(**{"params.resumed_from_step": [None, None, None]})
+    assert "resumed_from_step" not in compare_runs(fresh).columns
+
+
 def test_a_top_k_figure_is_logged_under_its_own_k():
     from fastlm.reporting.comparison import test_metric_values
 

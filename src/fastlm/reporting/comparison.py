@@ -34,6 +34,9 @@ WHY_CHOSEN = "_choice"
 # The parameter groups a run logs whole where it logs any of their keys (each node logs the groups it reads),
 # leaving out the unset (null) ones alone: a key such a run lacks is unset there, a difference from a value.
 SETTING_GROUPS = ("split", "train", "report")
+# The step a resumed training went on from, logged by the train node where it resumed (nothing otherwise): a
+# run that logged its train.* settings without it started fresh, a difference from one that resumed
+RESUMED_STEP = "params.resumed_from_step"
 # The train loss's label smoothing (the train loss is smoothed by it, validation and test losses plain)
 SMOOTHING = "params.train.loss.label_smoothing"
 # The step whose weights the run returned (early stopping's best, else the last) and the run's last step,
@@ -162,10 +165,11 @@ def _newest_with(runs: pd.DataFrame, limit: int, current_run_id: str | None) -> 
 def _differs(column: str, values: pd.Series, runs: pd.DataFrame) -> bool:
     """Whether the parameter ``column`` (its ``values`` as read) differs among the runs that have it: for a
     key of a parameter group (``SETTING_GROUPS``), every run that logged a key of that group has it, a
-    missing value being unset (MLflow logs no null: ``train.max_minutes`` 30 beside no time budget); for any
-    other, the runs holding a value."""
-    group = column.removeprefix("params.").split(".", 1)[0]
-    if group not in SETTING_GROUPS or column.count(".") < 2:
+    missing value being unset (MLflow logs no null: ``train.max_minutes`` 30 beside no time budget), and so is
+    ``RESUMED_STEP`` for every run that logged its train settings (a run started fresh beside a resumed one);
+    for any other, the runs holding a value."""
+    group = "train" if column == RESUMED_STEP else column.removeprefix("params.").split(".", 1)[0]
+    if column != RESUMED_STEP and (group not in SETTING_GROUPS or column.count(".") < 2):
         return values.dropna().nunique() > 1
     keys = [name for name in runs.columns if name.startswith(f"params.{group}.")]
     logged = runs[keys].notna().any(axis=1)
