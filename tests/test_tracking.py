@@ -336,6 +336,27 @@ def test_a_report_whose_test_loss_is_not_finite_replaces_the_earlier_figure_on_t
     assert len(client.get_metric_history(training, "test_loss")) == 2
 
 
+def test_the_rouge_scoring_settings_reach_the_training_run_beside_its_rouge(active_run):
+    """ROUGE depends on how the report generated (greedy or beams, max_new_tokens) and how it tokenized the
+    texts (report.references.rouge_tokenizer), settings of the report's run, not of the training run where
+    the comparison reads the figures. They are tags of both runs beside the figures (a report run again
+    with other settings replaces them, as its figures)."""
+    from fastlm.reporting.comparison import test_metric_values, test_scoring_tags
+    from fastlm.tracking import log_test_metrics
+
+    client = mlflow.MlflowClient()
+    training = client.create_run(active_run.info.experiment_id).info.run_id
+    scored = {"rouge1": 0.3, "rouge_decoding": "greedy, max_new_tokens=64", "rouge_tokenizer": "syllable"}
+    log_test_metrics(test_metric_values(scored), training_run_id=training, tags=test_scoring_tags(scored))
+    beams = {**scored, "rouge_decoding": "beam search, num_beams=4, max_new_tokens=64"}
+    log_test_metrics(test_metric_values(beams), training_run_id=training, tags=test_scoring_tags(beams))
+    for run in (training, active_run.info.run_id):
+        tags = client.get_run(run).data.tags
+        assert tags["test_rouge_decoding"] == beams["rouge_decoding"], tags
+        assert tags["test_rouge_tokenizer"] == "syllable"
+    assert test_scoring_tags({"loss": 2.0}) == {}  # no ROUGE scored: no settings
+
+
 @pytest.mark.parametrize("one_at_a_time", [False, True])
 def test_a_parameter_mlflow_refuses_as_changed_is_named_in_the_warning(
     active_run, monkeypatch, one_at_a_time

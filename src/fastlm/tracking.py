@@ -825,10 +825,10 @@ class RunTracker:
         except Exception as exc:  # noqa: BLE001 - tracking fails open, the sweep goes on
             log.warning("MLflow: kept run %s not nested under this sweep's run (%s)", run_id, exc)
 
-    def log_test_metrics(self, values: dict, training_run_id: str | None) -> dict:
+    def log_test_metrics(self, values: dict, training_run_id: str | None, tags: dict | None = None) -> dict:
         """``values`` (``test_<name>``) on this run and on the training run, where the run comparison finds
-        them."""
-        return log_test_metrics(values, training_run_id=training_run_id)
+        them, with ``tags``: how they were scored."""
+        return log_test_metrics(values, training_run_id=training_run_id, tags=tags)
 
     def training_runs(self, training_run_id: str | None = None):
         """The runs of the experiment of the training run ``training_run_id`` reports (else this run's), for
@@ -836,14 +836,18 @@ class RunTracker:
         return search_training_runs(training_run_id=training_run_id)
 
 
-def log_test_metrics(values: dict, training_run_id: str | None) -> dict:
+def log_test_metrics(values: dict, training_run_id: str | None, tags: dict | None = None) -> dict:
     """``values`` on the active run and on the training run (the one the comparison lists; it may be the
-    active run), there less those it holds already with the same value (a report run again). A failing store
-    warns once. Returns them."""
+    active run), there less those it holds already with the same value (a report run again); ``tags`` (how
+    they were scored: ``comparison.test_scoring_tags``) set on both, replacing an earlier report's. A failing
+    store warns once. Returns them."""
     if not values:
         return values
+    tags = tags or {}
     tracking = SafeMlflow()
     tracking.call("test metric logging", lambda mlflow: mlflow.log_metrics(values))
+    if tags:
+        tracking.call("test scoring tags", lambda mlflow: mlflow.set_tags(tags))
     if training_run_id and training_run_id != active_run_id():
 
         def log_on_training_run(mlflow):
@@ -858,6 +862,8 @@ def log_test_metrics(values: dict, training_run_id: str | None) -> dict:
             ]
             if batch:
                 client.log_batch(training_run_id, metrics=batch)
+            for key, value in tags.items():
+                client.set_tag(training_run_id, key, value)
 
         tracking.call("test metric logging on the training run", log_on_training_run)
     return values

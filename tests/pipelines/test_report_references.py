@@ -88,6 +88,8 @@ def test_test_metrics_reach_this_run_and_the_training_run_and_the_comparison(exp
             and logged["test_loss"] == 2.5
             and "test_rouge_tokenizer" not in logged
         )
+        # how the ROUGE was scored: a tag beside the figures, which the comparison reads
+        assert client.get_run(run.info.run_id).data.tags["test_rouge_tokenizer"] == "unicode"
     assert len(runs) == 1 and runs["test_rougeL"].tolist() == [0.3] and runs["test_loss"].tolist() == [2.5]
 
 

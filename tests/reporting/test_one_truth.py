@@ -174,6 +174,30 @@ def test_a_resumed_run_beside_runs_started_fresh_shows_the_step_it_went_on_from(
     assert "resumed_from_step" not in compare_runs(fresh).columns
 
 
+def test_rouge_scored_under_other_settings_says_so_in_the_comparison():
+    """ROUGE of one run generated greedily and of another with beam search (or tokenized for ROUGE another
+    way: report.references.rouge_tokenizer) stood side by side as one figure. The settings each run's ROUGE
+    was scored under (tags the report sets beside the figures) are columns where they differ."""
+    runs = runs_frame(SPEED).assign(
+        **{
+            "metrics.test_rouge1": [0.31, 0.42, 0.30],
+            "tags.test_rouge_decoding": [
+                "greedy, max_new_tokens=64",
+                "beam search, num_beams=4, max_new_tokens=64",
+                None,
+            ],
+            "tags.test_rouge_tokenizer": ["syllable", "syllable", None],
+        }
+    )
+    table = compare_runs(runs, current_run_id="a" * 32)
+    columns = list(table.columns)
+    assert columns.index("test_rouge_decoding") == columns.index("test_rouge1") + 1, columns
+    assert table["test_rouge_decoding"].iloc[1].startswith("beam search")
+    assert "test_rouge_tokenizer" not in columns  # the same in every run that has it
+    same = runs.assign(**{"tags.test_rouge_decoding": "greedy, max_new_tokens=64"})
+    assert "test_rouge_decoding" not in compare_runs(same).columns
+
+
 def test_a_top_k_figure_is_logged_under_its_own_k():
     from fastlm.reporting.comparison import test_metric_values
 

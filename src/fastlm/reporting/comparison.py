@@ -66,6 +66,10 @@ TEST_METRICS = (
 # and the top-k accuracy, named by its k (``report.top_k``): top5_accuracy, top10_accuracy, ...
 TOP_K_ACCURACY = re.compile(r"top[1-9][0-9]*_accuracy")
 COMPARED_TEST_METRICS = ("loss", "rouge1", "rouge2", "rougeL")
+# How the report scored ROUGE (its decoding and max_new_tokens, report.references.rouge_tokenizer): settings
+# of the report's run, set as tags (``test_<name>``) beside the figures on the training run; shown where runs
+# differ
+TEST_SETTINGS = ("rouge_decoding", "rouge_tokenizer")
 # How many test samples the figures cover (``report.eval_max_batches`` / ``report.references.max_samples``
 # cap them): logged with them, shown in the comparison where runs differ, after the figures they count.
 TEST_SAMPLE_COUNTS = ("samples", "rouge_samples")
@@ -88,7 +92,8 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     dynamic" is one look. ``real_tokens_per_s`` is the run's throughput over its timed steps, the figure of
     its own report; final_train_loss is the last step's, final_val_loss the returned model's step's, named
     where that matters (``_name_the_losses``); wall time is the training's (``WALL_TIME``). Test loss
-    and ROUGE-1/2/L (F1) columns appear when at least one run has them (a report logged them). ``this run``
+    and ROUGE-1/2/L (F1) columns appear when at least one run has them (a report logged them), how the ROUGE
+    was scored (``TEST_SETTINGS``) where runs differ in it. ``this run``
     marks ``current_run_id``; ``status`` appears where a run did not finish (``_unfinished_status``).
     """
     if runs.empty or not {SPEED, WINDOW_SPEED} & set(runs.columns):
@@ -131,6 +136,10 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     for name in COMPARED_TEST_METRICS:
         column = f"metrics.test_{name}"
         if column in runs and runs[column].notna().any():
+            table[f"test_{name}"] = runs[column]
+    for name in TEST_SETTINGS:  # ROUGE generated or tokenized otherwise does not compare
+        column = f"tags.test_{name}"
+        if column in runs and runs[column].dropna().nunique() > 1:
             table[f"test_{name}"] = runs[column]
     for name in TEST_SAMPLE_COUNTS:
         column = f"metrics.test_{name}"
@@ -320,6 +329,12 @@ def test_metric_values(metrics: dict) -> dict:
         for name in names
         if isinstance(metrics.get(name), Number) and not isinstance(metrics.get(name), bool)
     }
+
+
+def test_scoring_tags(metrics: dict) -> dict:
+    """``test_<name>`` for the TEST_SETTINGS in ``metrics`` (texts: tags, not metrics): how the ROUGE beside
+    them was scored, read back by the run comparison; none where no ROUGE was scored."""
+    return {f"test_{name}": metrics[name] for name in TEST_SETTINGS if isinstance(metrics.get(name), str)}
 
 
 def _numeric_metrics(runs: pd.DataFrame) -> pd.DataFrame:

@@ -120,7 +120,9 @@ def collect_test_metrics(
         check_one_training(summary, training_id=part.get(TRAINING_ID), what=what)
     metrics = {**evaluation, **references}
     (tracker if tracker is not None else RunTracker()).log_test_metrics(
-        comparison.test_metric_values(metrics), summary.get("mlflow_run_id")
+        comparison.test_metric_values(metrics),
+        summary.get("mlflow_run_id"),
+        tags=comparison.test_scoring_tags(metrics),  # how the ROUGE was scored: other settings do not compare
     )
     return metrics
 
