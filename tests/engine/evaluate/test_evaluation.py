@@ -721,23 +721,19 @@ def test_a_collective_forward_beyond_a_ranks_batches_makes_no_logits_with_the_fu
     def rank_one(fused: bool):
         forwards, reports = [], []
         hook = model.register_forward_pre_hook(lambda module, args: forwards.append(1))
-        options = EvalOptions(
-            comm=_RankOfTwo(1),
-            collective_forward=True,
-            fused_head=FusedHead(model.lm_head) if fused else None,
-        )
+        fused_head = FusedHead(model.lm_head) if fused else None
 
         def run():
             reports.append(
-                evaluate(
+                _loss_only(
                     model,
                     data,
-                    params=params,
-                    runtime=runtime,
-                    pad_id=tokenizer.pad_token_id,
-                    max_length=MAX_LENGTH,
-                    attn="sdpa",
-                    options=options,
+                    tokenizer,
+                    runtime,
+                    params,
+                    comm=_RankOfTwo(1),
+                    collective_forward=True,
+                    fused_head=fused_head,
                 )
             )
 
