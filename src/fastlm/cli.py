@@ -28,7 +28,7 @@ from kedro.framework.cli.project import run as kedro_run
 import fastlm.pipelines
 from fastlm.engine.train.signals import raised_by_signal, stop_delivered
 from fastlm.errors import ConfigError, FastlmError, exception_chain, find_user_error
-from fastlm.parameters import RAW_PARAMS
+from fastlm.parameters import RAW_PARAMS, params_items
 from fastlm.redaction import redact_exception, redact_text
 from fastlm.temporary_files import shown_path
 from fastlm.unique_keys import KeyTwice, load_unique_keys
@@ -229,36 +229,6 @@ def _undecodable(text: str) -> bool:
     """Whether ``text`` from the command line holds bytes the locale's encoding did not decode (Python keeps
     them as surrogate escapes, e.g. UTF-8 typed in an EUC-KR or ASCII locale)."""
     return any("\udc80" <= char <= "\udcff" for char in text)
-
-
-_OPENS_A_VALUE = ("", "=", "[", "{", ",", ":")  # what precedes a quote that starts a quoted YAML value
-
-
-def params_items(text: str) -> list[str]:
-    """``--params`` text cut into its ``key=value`` items at the commas outside brackets, braces and quoted
-    values, so that a list or mapping keeps its commas (``target_modules=[q_proj,v_proj]``,
-    ``report.prompts=["Hello, world"]``); Kedro cuts at every comma (kedro-org/kedro#2552: the list was
-    refused as "Item `v_proj]` must contain a key and a value"). A text whose brackets or quotes do not
-    close is cut at every comma, as Kedro cuts it."""
-    items, start, depth, quote = [], 0, 0, None
-    for at, char in enumerate(text):
-        if quote is not None:
-            quote = None if char == quote else quote
-        elif char in "'\"" and text[:at].rstrip()[-1:] in _OPENS_A_VALUE:
-            quote = char
-        elif char in "[{":
-            depth += 1
-        elif char in "]}":
-            depth -= 1
-            if depth < 0:
-                break
-        elif char == "," and depth == 0:
-            items.append(text[start:at])
-            start = at + 1
-    else:
-        if depth == 0 and quote is None:
-            return [item.strip() for item in [*items, text[start:]] if item.strip()]
-    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def parse_params(ctx: click.Context, param: click.Parameter, value) -> dict:

@@ -370,8 +370,6 @@ def _given_texts(name: str) -> list[str]:
     context = click.get_current_context(silent=True)
     if context is None:
         return []
-    from fastlm.cli import params_items
-
     texts = [context.meta.get(RAW_PARAMS), (context.default_map or {}).get("params")]
     found = []
     for text in texts:
@@ -416,3 +414,33 @@ def _reads_as(text: str, value: Any) -> bool:
     except Exception:  # noqa: BLE001 - a text OmegaConf does not read is not the value
         return False
     return type(read) is type(value) and read == value
+
+
+_OPENS_A_VALUE = ("", "=", "[", "{", ",", ":")  # what precedes a quote that starts a quoted YAML value
+
+
+def params_items(text: str) -> list[str]:
+    """``--params`` text cut into its ``key=value`` items at the commas outside brackets, braces and quoted
+    values, so that a list or mapping keeps its commas (``target_modules=[q_proj,v_proj]``,
+    ``report.prompts=["Hello, world"]``); Kedro cuts at every comma (kedro-org/kedro#2552: the list was
+    refused as "Item `v_proj]` must contain a key and a value"). A text whose brackets or quotes do not
+    close is cut at every comma, as Kedro cuts it."""
+    items, start, depth, quote = [], 0, 0, None
+    for at, char in enumerate(text):
+        if quote is not None:
+            quote = None if char == quote else quote
+        elif char in "'\"" and text[:at].rstrip()[-1:] in _OPENS_A_VALUE:
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+            if depth < 0:
+                break
+        elif char == "," and depth == 0:
+            items.append(text[start:at])
+            start = at + 1
+    else:
+        if depth == 0 and quote is None:
+            return [item.strip() for item in [*items, text[start:]] if item.strip()]
+    return [item.strip() for item in text.split(",") if item.strip()]

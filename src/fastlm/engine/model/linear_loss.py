@@ -113,14 +113,16 @@ def linear_cross_entropy_sum(
     sizes = (chunk_tokens or max(1, LINEAR_CE_CHUNK_ELEMENTS // weight.size(0)), vocab_block)
     compute = product_dtype(hidden, weight)
     return _LinearCrossEntropySum.apply(
-        hidden, weight, bias, up, targets, ignore_index, float(label_smoothing), sizes, compute
+        hidden, weight, bias, up, targets, ignore_index, float(label_smoothing), (sizes, compute)
     )
 
 
 class _LinearCrossEntropySum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, up, targets, ignore_index, label_smoothing, sizes, compute):
-        # The products in ``compute`` (cast here, once), all else fp32, whatever autocast says.
+    def forward(ctx, hidden, weight, bias, up, targets, ignore_index, label_smoothing, plan):
+        # The products in ``compute`` (cast here, once), all else fp32, whatever autocast says; ``sizes``:
+        # the token chunk and the vocabulary block (None: chosen here).
+        sizes, compute = plan
         with torch.autocast(hidden.device.type, enabled=False), torch.no_grad():
             needs = ctx.needs_input_grad
             head = _Head(
@@ -155,7 +157,7 @@ class _LinearCrossEntropySum(torch.autograd.Function):
             _scaled(g, grad_loss, dtype) if present else None
             for g, dtype, present in zip(saved, ctx.dtypes, ctx.present, strict=True)
         ]
-        return grads[0], grads[1], grads[2], grads[3], None, None, None, None, None
+        return grads[0], grads[1], grads[2], grads[3], None, None, None, None
 
 
 def _scaled(grad: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
