@@ -377,18 +377,10 @@ def test_a_trained_head_copy_over_a_bf16_base_fuses_under_bf16_autocast():
 def test_a_fused_run_validates_through_its_fused_head(tmp_path, monkeypatch):
     """The validation of a run with the fused head (every ``eval_every``, micro-batches of the training's
     size) runs its loss through that head too, no logits, and reports the plain head's validation loss."""
-    from fastlm.engine.evaluate import evaluation
     from tests.support.tolerances import TRAINED_FP32_LOSS_REL
     from tests.support.toy_training import run_toy, toy_params
 
-    through = []
-    fused_loss_sum = evaluation._fused_loss_sum
-
-    def counted(model, batch, fused):
-        through.append(fused.head)
-        return fused_loss_sum(model, batch, fused)
-
-    monkeypatch.setattr(evaluation, "_fused_loss_sum", counted)
+    through = fused_validation_heads(monkeypatch)
     steps = {
         "max_steps": 2,
         "log_every": 1,
@@ -594,19 +586,11 @@ def test_a_lora_head_that_cannot_be_fused_exactly_keeps_the_plain_head_and_says_
 def test_a_run_with_lora_on_the_head_trains_fused_as_one_with_the_plain_head(tmp_path, monkeypatch):
     """``lora.target_modules`` listing ``lm_head`` and ``loss.fused_linear: true``: the run's summary says
     fused, its losses and validation loss (through the adapted head too) are the plain head's."""
-    from fastlm.engine.evaluate import evaluation
     from fastlm.engine.model.lora import apply_lora
     from tests.support.tolerances import TRAINED_FP32_LOSS_REL
     from tests.support.toy_training import run_toy, toy_model, toy_params
 
-    through = []
-    fused_loss_sum = evaluation._fused_loss_sum
-
-    def counted(model, batch, fused):
-        through.append(fused.head)
-        return fused_loss_sum(model, batch, fused)
-
-    monkeypatch.setattr(evaluation, "_fused_loss_sum", counted)
+    through = fused_validation_heads(monkeypatch)
     lora = {"enabled": True, "r": 4, "dropout": 0.1, "target_modules": ["q_proj", "v_proj", "lm_head"]}
     steps = {
         "max_steps": 4,
@@ -636,3 +620,19 @@ def test_a_run_with_lora_on_the_head_trains_fused_as_one_with_the_plain_head(tmp
     assert fused.eval_history[-1]["val_loss"] == pytest.approx(
         plain.eval_history[-1]["val_loss"], rel=TRAINED_FP32_LOSS_REL
     )
+
+
+def fused_validation_heads(monkeypatch) -> list:
+    """The heads each validation batch's loss runs through the fused path with (``evaluation._fused_loss_sum``
+    recorded from here on)."""
+    from fastlm.engine.evaluate import evaluation
+
+    through = []
+    fused_loss_sum = evaluation._fused_loss_sum
+
+    def counted(model, batch, fused):
+        through.append(fused.head)
+        return fused_loss_sum(model, batch, fused)
+
+    monkeypatch.setattr(evaluation, "_fused_loss_sum", counted)
+    return through
