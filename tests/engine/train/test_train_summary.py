@@ -278,7 +278,9 @@ def test_each_evaluation_records_its_seconds_and_the_summary_their_total(tmp_pat
     from fastlm.engine.evaluate import evaluation
     from fastlm.engine.train import build
 
-    pause, forward, evaluate = 0.05, evaluation.forward_logits, build.evaluate
+    # A pause well above a loaded 2-core host's toy step (0.036 s in CI), so that three steady steps stay
+    # clear of one validation's two pauses however slowly the host runs them.
+    pause, forward, evaluate = 0.3, evaluation.forward_logits, build.evaluate
     taken: list[float] = []
 
     def slowed(model, batch):
